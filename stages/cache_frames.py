@@ -1,0 +1,56 @@
+"""Stage `cache_frames` (optional): decode every frame once into a memory-mapped store.
+
+With `cache.enabled: false` (the default) it writes a folder that says so and the train and
+predict stages decode PNGs as usual. Enabled, training and prediction read raw pixels from
+`data/cache` instead of decoding (see vce/frame_cache.py for the layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd  # noqa: E402
+
+from vce import cli  # noqa: E402
+from vce.data import read_index  # noqa: E402
+from vce.frame_cache import CacheParams, build_cache, write_disabled  # noqa: E402
+from vce.index import DataParams  # noqa: E402
+from vce.params import from_dict, load_params  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--frames", default="data/split/frames.parquet")
+    parser.add_argument("--test", default="data/index/test.parquet")
+    parser.add_argument("--out", default="data/cache")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    cache = from_dict(CacheParams, params["cache"], "cache")
+    data = from_dict(DataParams, params["data"], "data")
+    if not cache.enabled:
+        write_disabled(args.out)
+        print(f"frame cache disabled (cache.enabled: false): {args.out}/meta.json says so")
+        return 0
+    columns = ["video_id", "frame", "path"]
+    frames = read_index(args.frames, columns + ["split"])
+    parts = [frames[frames["split"] == s][columns].assign(root=str(data.root))
+             for s in ("train", "val") if s in cache.splits]
+    if "test" in cache.splits and data.test_root is not None:
+        parts.append(read_index(args.test, columns).assign(root=str(data.test_root)))
+    meta = build_cache(pd.concat(parts, ignore_index=True), args.out, cache)
+    print(f"cached {meta['count']} frames at {meta['size']} px ({meta['invalid']} undecodable) in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

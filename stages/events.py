@@ -1,0 +1,73 @@
+"""Stage `events`: thresholds + temporal post-processing → events in the official JSON.
+
+Writes the validation events (scored by `score`) and the test-set submission, each as the
+official JSON and an .xlsx (video_id, start, end, label). Post-processing knobs come from
+params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: map` tuned them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vce import cli  # noqa: E402
+from vce.data import read_index  # noqa: E402
+from vce.events import EventParams, probs_to_submission, write_xlsx  # noqa: E402
+from vce.io import write_json  # noqa: E402
+from vce.labels import check_labels  # noqa: E402
+from vce.params import from_dict, load_params  # noqa: E402
+from vce.score import check_submission  # noqa: E402
+from vce.timeline import join_probs  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--thresholds", default="models/thresholds.json")
+    parser.add_argument("--val-probs", default="data/predict/val.parquet")
+    parser.add_argument("--test-probs", default="data/predict/test.parquet")
+    parser.add_argument("--frames", default="data/split/frames.parquet")
+    parser.add_argument("--test-frames", default="data/index/test.parquet")
+    parser.add_argument("--out-dir", default="data/events")
+    return parser.parse_args(argv)
+
+
+def load_thresholds(path: str) -> tuple[dict, dict | None]:
+    try:
+        saved = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"thresholds file not found: {path} (run the thresholds stage)") from None
+    thresholds = saved["thresholds"]
+    check_labels(thresholds, path)
+    for label, value in thresholds.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{path}: threshold of '{label}' is {value}, must be in [0, 1]")
+    return thresholds, saved.get("events")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    thresholds, tuned = load_thresholds(args.thresholds)
+    event_params = from_dict(EventParams, tuned if tuned else params["events"],
+                             f"{args.thresholds}:events" if tuned else "events")
+    out = Path(args.out_dir)
+    for name, probs_path, frames_path in (("val", args.val_probs, args.frames),
+                                          ("submission", args.test_probs, args.test_frames)):
+        probs, _ = join_probs(read_index(probs_path), read_index(frames_path))
+        submission = probs_to_submission(probs, thresholds, event_params)
+        check_submission(submission, where=f"{name} events")
+        write_json(out / f"{name}.json", submission, indent=None)
+        write_xlsx(submission, out / f"{name}.xlsx")
+        events = sum(len(video["events"]) for video in submission["videos"])
+        print(f"{name}: {len(submission['videos'])} video(s), {events} event(s) → {out / (name + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

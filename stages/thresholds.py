@@ -1,0 +1,71 @@
+"""Stage `thresholds`: per-class thresholds from validation probabilities.
+
+`thresholds.method: f1` maximises per-class frame F1 (the seed's way); `map` then tunes the
+thresholds and the event post-processing directly on validation temporal mAP, the score
+that counts. Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dataclasses import asdict  # noqa: E402
+
+from vce import cli  # noqa: E402
+from vce.data import read_index  # noqa: E402
+from vce.events import EventParams, labels_to_submission  # noqa: E402
+from vce.frame_metrics import frame_metrics  # noqa: E402
+from vce.io import write_json  # noqa: E402
+from vce.labels import LABELS  # noqa: E402
+from vce.params import from_dict, load_params  # noqa: E402
+from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map  # noqa: E402
+from vce.timeline import join_probs, labels_on_time  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--probs", default="data/predict/val.parquet", help="validation probabilities")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
+    parser.add_argument("--out", default="models/thresholds.json")
+    parser.add_argument("--metrics", default="metrics/thresholds.json")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
+    event_params = from_dict(EventParams, params["events"], "events")
+    frames = read_index(args.frames)
+    probs, labels = join_probs(read_index(args.probs), frames)
+    if labels is None:
+        raise ValueError(f"{args.frames} has no label columns: thresholds need labelled validation frames")
+    valid = probs["valid"].to_numpy()
+    y_true = labels[valid]
+    y_prob = probs[list(LABELS)].to_numpy()[valid]
+    thresholds = f1_thresholds(y_true, y_prob, threshold_params)
+    tuned_events, report = None, {}
+    if threshold_params.method == "map":
+        val_frames = frames[frames["video_id"].isin(set(probs["video_id"]))]
+        gt = labels_to_submission(labels_on_time(val_frames))
+        thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
+        tuned_events = asdict(tuned)
+    per_class = frame_metrics(y_true, y_prob)
+    write_json(args.out, {"method": threshold_params.method, "thresholds": thresholds, "events": tuned_events})
+    write_json(args.metrics, {
+        "method": threshold_params.method,
+        "frame_map": per_class["map"],
+        "per_class": {label: {**per_class[label], "threshold": thresholds[label]} for label in LABELS},
+        "tuning": report,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

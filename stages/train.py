@@ -1,0 +1,126 @@
+"""Stage `train`: fit the frame model on the training videos, keep the best EMA weights.
+
+Resumes from `--state-dir` when a checkpoint of the same run exists (a killed run, or more
+epochs than before); otherwise starts fresh. Logs per-epoch metrics with DVCLive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vce import checkpoint, cli  # noqa: E402
+from vce.data import FrameDataset, eval_transform, label_matrix, rarest_label_weights, read_index, train_transform  # noqa: E402
+from vce.frame_cache import CachedFrameDataset, FrameCache  # noqa: E402
+from vce.index import DataParams  # noqa: E402
+from vce.io import write_json  # noqa: E402
+from vce.losses import LossParams, VCELoss  # noqa: E402
+from vce.model import ModelParams, create_model  # noqa: E402
+from vce.params import load_params, from_dict  # noqa: E402
+from vce.prompts import load_prompt_embeddings  # noqa: E402
+from vce.train import TrainParams, Trainer, describe  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with split column")
+    parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
+    parser.add_argument("--prompts", default="models/prompt_embeddings.pt", help="prompt embeddings file")
+    parser.add_argument("--model-out", default="models/model.pt")
+    parser.add_argument("--state-dir", default="models/train_state", help="resumable checkpoints")
+    parser.add_argument("--metrics", default="metrics/train.json")
+    parser.add_argument("--live-dir", default="metrics/train", help="DVCLive directory")
+    return parser.parse_args(argv)
+
+
+def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: FrameCache | None):
+    """Training and validation datasets: from the frame cache when there is one, else PNGs."""
+    pre = model.preprocess
+    size = pre["image_size"]
+    interpolation = pre.get("interpolation", "bicubic")
+    train = frames[frames["split"] == "train"].reset_index(drop=True)
+    val = frames[frames["split"] == "val"].reset_index(drop=True)
+    if len(train) == 0 or len(val) == 0:
+        raise ValueError(f"need frames in both splits, got train={len(train)} val={len(val)}")
+    train_tf = train_transform(size, pre["mean"], pre["std"], params.augment)
+    val_tf = eval_transform(pre["mean"], pre["std"])
+    if cache is not None:
+        return train, (CachedFrameDataset(cache, cache.rows_for(train), label_matrix(train), size, train_tf, resize=False),
+                       CachedFrameDataset(cache, cache.rows_for(val), label_matrix(val), size, val_tf, resize=True))
+    load = round(size * params.augment.load_scale)
+    return train, (FrameDataset(root, train["path"], label_matrix(train), load, size, interpolation, train_tf,
+                                params.decoder),
+                   FrameDataset(root, val["path"], label_matrix(val), size, size, interpolation, val_tf,
+                                params.decoder))
+
+
+def live_logger(live_dir: str, history: list):
+    """DVCLive logger; re-logs the history of a resumed run so the curves are whole."""
+    from dvclive import Live
+
+    live = Live(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
+
+    def log(record: dict) -> None:
+        live.log_metric("train/loss", record["train_loss"])
+        live.log_metric("val/loss", record["val_loss"])
+        live.log_metric("val/map", record["val_map"])
+        live.log_metric("lr/backbone", record["lr_backbone"])
+        live.log_metric("lr/head", record["lr_head"])
+        live.next_step()
+
+    for record in history:
+        log(record)
+    return live, log
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    seed = params["base"]["seed"]
+    data = from_dict(DataParams, params["data"], "data")
+    model_params = from_dict(ModelParams, params["model"], "model")
+    loss_params = from_dict(LossParams, params.get("loss", {}), "loss")
+    train_params = from_dict(TrainParams, params["train"], "train")
+
+    frames = read_index(args.frames)
+    torch.manual_seed(seed)
+    prompts = load_prompt_embeddings(args.prompts)
+    model = create_model(model_params, prompts)
+    train, (train_set, val_set) = datasets(frames, data.root, model, train_params, FrameCache.open(args.cache))
+    train_labels = label_matrix(train)
+    loss_fn = VCELoss(loss_params, torch.from_numpy(train_labels.mean(axis=0)).float())
+    run_id = checkpoint.fingerprint(
+        seed, describe(train_params), asdict(model_params), asdict(loss_params),
+        int(pd.util.hash_pandas_object(frames[["video_id", "frame", "split"]], index=False).sum()),
+        float(prompts.sum()) if prompts is not None else None)
+    trainer = Trainer(model, loss_fn, train_params, seed, train_set, rarest_label_weights(train_labels),
+                      val_set, args.state_dir, run_id)
+    resumed = trainer.try_resume()
+    if resumed:
+        print(f"resuming from {trainer.state_path}: epoch {trainer.epoch + 1}, step {trainer.step}")
+    live, log = (live_logger(args.live_dir, trainer.history) if trainer.ddp.is_main else (None, None))
+    trainer.log = log or (lambda record: None)
+    best_path = Path(args.state_dir) / "best.pt"
+    result = trainer.fit(lambda ema_model, record: checkpoint.save_model(best_path, ema_model, **record))
+    if trainer.ddp.is_main:
+        live.end()
+        Path(args.model_out).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(best_path, f"{args.model_out}.tmp")
+        Path(f"{args.model_out}.tmp").replace(args.model_out)
+        write_json(args.metrics, {"best": result["best"], "final": result["history"][-1],
+                                  "epochs": len(result["history"]), "resumed": resumed})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

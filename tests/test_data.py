@@ -1,0 +1,110 @@
+"""Frame decoding, the imbalance-aware sampler and the datasets."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from vce.data import (AugmentParams, EpochSampler, FrameDataset, epoch_order, eval_transform,
+                      rarest_label_weights, train_transform)
+from vce.frames import FrameError, available_decoders, decode_frame
+
+
+@pytest.fixture()
+def stills(fixtures_dir):
+    return sorted((fixtures_dir / "wcebleedgen" / "frames").glob("*.png"))[:4]
+
+
+def test_decoders_give_identical_pixels_on_real_frames(stills):
+    for path in stills:
+        reference = decode_frame(path, decoder="pil")
+        assert reference.shape == (224, 224, 3) and reference.dtype == np.uint8
+        for name in available_decoders():
+            assert np.array_equal(decode_frame(path, decoder=name), reference), name
+
+
+def test_decode_resizes_and_returns_rgb(tmp_path):
+    image = np.zeros((40, 40, 3), np.uint8)
+    image[..., 2] = 255  # pure red in BGR
+    cv2.imwrite(str(tmp_path / "red.png"), image)
+    decoded = decode_frame(tmp_path / "red.png", size=16)
+    assert decoded.shape == (16, 16, 3)
+    assert (decoded[..., 0] == 255).all() and (decoded[..., 2] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["grey", "rgba", "16bit"])
+def test_other_modes_become_8bit_rgb(tmp_path, mode):
+    base = np.full((8, 8), 200, np.uint8)
+    image = {"grey": base, "rgba": np.dstack([base] * 4), "16bit": (base.astype(np.uint16) * 257)}[mode]
+    cv2.imwrite(str(tmp_path / "f.png"), image)
+    for name in available_decoders():
+        decoded = decode_frame(tmp_path / "f.png", decoder=name)
+        assert decoded.shape == (8, 8, 3) and decoded.dtype == np.uint8
+        assert int(decoded[0, 0, 0]) == 200, name
+
+
+def test_bad_files_raise_frame_error_naming_the_file(tmp_path, stills):
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(stills[0].read_bytes()[:5000])
+    garbage = tmp_path / "garbage.png"
+    garbage.write_bytes(b"not an image at all" * 10)
+    cases = {empty: "empty file", truncated: "truncated PNG", garbage: "not a decodable image",
+             tmp_path / "missing.png": "cannot read"}
+    for path, message in cases.items():
+        with pytest.raises(FrameError, match=message) as err:
+            decode_frame(path)
+        assert str(path) in str(err.value)
+
+
+def test_rarest_label_weights():
+    labels = np.zeros((100, 17), np.uint8)
+    labels[:, 4] = 1          # every frame: colon (frequency 1.0)
+    labels[:4, 16] = 1        # 4 frames: ulcer (frequency 0.04)
+    weights = rarest_label_weights(labels)
+    assert weights[0] == pytest.approx(1 / np.sqrt(0.04))
+    assert weights[50] == pytest.approx(1.0)
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch():
+    weights = np.array([1.0, 1.0, 8.0])
+    a, b = epoch_order(weights, 5000, 42, 3), epoch_order(weights, 5000, 42, 3)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, epoch_order(weights, 5000, 42, 4))
+    assert np.bincount(a, minlength=3)[2] / 5000 == pytest.approx(0.8, abs=0.03)
+
+
+def test_epoch_sampler_shards_each_batch_across_ranks_and_resumes():
+    weights = np.ones(50)
+    single = list(EpochSampler(weights, 40, 8, seed=1))
+    ranks = [list(EpochSampler(weights, 40, 8, seed=1, rank=r, world=2)) for r in range(2)]
+    rebuilt = []
+    for step in range(5):  # batch `step` of one process = rank 0's slice + rank 1's slice
+        rebuilt += ranks[0][step * 4:(step + 1) * 4] + ranks[1][step * 4:(step + 1) * 4]
+    assert rebuilt == single
+    resumed = EpochSampler(weights, 40, 8, seed=1)
+    resumed.set_epoch(0, start_step=3)
+    assert list(resumed) == single[24:]
+
+
+def test_dataset_marks_undecodable_frames_invalid(tmp_path, stills):
+    (tmp_path / "bad.png").write_bytes(b"")
+    paths = [stills[0].name, "bad.png"]
+    (tmp_path / stills[0].name).write_bytes(stills[0].read_bytes())
+    targets = np.eye(17, dtype=np.uint8)[:2]
+    dataset = FrameDataset(tmp_path, paths, targets, 32, 32, "bicubic", eval_transform([0.5] * 3, [0.5] * 3))
+    image, target, valid, row = dataset[0]
+    assert image.shape == (3, 32, 32) and valid and row == 0 and target[0] == 1
+    image, target, valid, row = dataset[1]
+    assert not valid and image.abs().sum() == 0 and row == 1
+
+
+def test_augmentation_is_reproducible_from_the_sample_seed(stills):
+    dataset = FrameDataset(stills[0].parent, [stills[0].name], None, 40, 32, "bicubic",
+                           train_transform(32, [0.5] * 3, [0.5] * 3, AugmentParams()))
+    first, second, other = dataset[(0, 7)][0], dataset[(0, 7)][0], dataset[(0, 8)][0]
+    assert first.shape == (3, 32, 32)
+    assert torch.equal(first, second) and not torch.equal(first, other)

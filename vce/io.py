@@ -1,0 +1,47 @@
+"""Atomic file outputs: a killed stage never leaves a file that looks complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; on success rename it over `path`.
+
+    The rename is atomic on POSIX, so readers see either the old file or the whole
+    new one. On an exception the temporary file is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path, obj, indent: int | None = 2) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=indent)
+            f.write("\n")
+
+
+def write_text(path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+
+
+def write_parquet(path, frame, **kwargs) -> None:
+    """Write a pandas DataFrame to Parquet atomically (deterministic bytes for equal data)."""
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False, **kwargs)
