@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     write_json(args.metrics, {
         "method": threshold_params.method,
         "frame_map": per_class["map"],
-        "per_class": {label: {**per_class[label], "threshold": thresholds[label]} for label in LABELS},
+        "per_class": {label: {**per_class["per_label"][label], "threshold": thresholds[label]} for label in LABELS},
         "tuning": report,
     })
     return 0

@@ -63,7 +63,7 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
         "events": p + ["--thresholds", str(d / "models/thresholds.json"), "--val-probs", str(d / "predict/val.parquet"),
                        "--test-probs", str(d / "predict/test.parquet"), "--frames", str(d / "split/frames.parquet"),
                        "--test-frames", str(d / "index/test.parquet"), "--out-dir", str(d / "events")],
-        "score": p + ["--events", str(d / "events/val.json"), "--frames", str(d / "split/frames.parquet"),
+        "score": ["--events", str(d / "events/val.json"), "--frames", str(d / "split/frames.parquet"),
                       "--gt-out", str(d / "score/val_gt.json"), "--metrics", str(d / "metrics/score.json")],
     }
 

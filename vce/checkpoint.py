@@ -14,8 +14,8 @@ from .labels import LABELS
 
 def save(path, payload: dict) -> None:
     """torch.save atomically: a killed write never replaces a good file."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(payload, f)  # a file object: the archive's inner name does not follow the temp name
 
 
 def load(path, map_location="cpu") -> dict:

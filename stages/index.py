@@ -1,0 +1,50 @@
+"""Stage `index`: list the frame folders and label CSVs into the frame index (no pixels read).
+
+    python stages/index.py [--params params.yaml] [--frames-out data/index/frames.parquet]
+        [--test-out data/index/test.parquet] [--report metrics/index_report.json]
+
+Reads the `data` section. Writes the labelled frames (Galar layout under data.root), the
+unlabelled test frames (RARE-VISION layout under data.test_root; an empty table when it is
+null) and a small report of counts and of every skipped or suspicious file (first few per kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vce.index import DataParams, build_index  # noqa: E402
+from vce.io import write_json, write_parquet  # noqa: E402
+from vce.params import load_section  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--frames-out", default="data/index/frames.parquet")
+    parser.add_argument("--test-out", default="data/index/test.parquet")
+    parser.add_argument("--report", default="metrics/index_report.json")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_section(args.params, "data", DataParams)
+        frames, test, report = build_index(cfg)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for line in report.summary_lines():
+        print(line, file=sys.stderr)
+    write_parquet(args.frames_out, frames)
+    write_parquet(args.test_out, test)
+    write_json(args.report, report.as_dict())
+    galar, held_out = report.layouts["galar"], report.layouts["test"]
+    print(f"indexed {galar['frames']} labelled frames of {galar['videos']} videos, "
+          f"{held_out['frames']} test frames of {held_out['videos']} videos, "
+          f"{sum(report.counts.values())} warnings -> {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

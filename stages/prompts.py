@@ -1,0 +1,44 @@
+"""Stage `prompts`: embed every label's prompt templates once with the source's text tower.
+
+Writes {"labels", "templates", "embeddings" (17, T, D), "source"} to `--out` (readable with
+`torch.load(..., weights_only=True)`), so training and prediction never load the text tower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vce import cli  # noqa: E402
+from vce.model import ModelParams  # noqa: E402
+from vce.params import from_dict, load_params  # noqa: E402
+from vce.prompts import PromptParams, compute_prompt_embeddings, save_prompt_embeddings  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", default="models/prompt_embeddings.pt")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    model_params = from_dict(ModelParams, params["model"], "model")
+    prompt_params = from_dict(PromptParams, params.get("prompts", {}), "prompts")
+    torch.manual_seed(params["base"]["seed"])  # the random text tower of tiny / random sources
+    embeddings = compute_prompt_embeddings(model_params, prompt_params.templates)
+    save_prompt_embeddings(args.out, embeddings, prompt_params.templates, model_params.source)
+    print(f"prompt embeddings {tuple(embeddings.shape)} from {model_params.source} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

@@ -1,0 +1,102 @@
+"""The differential-attention transfer keeps what vce/diff_attention.py promises, exactly."""
+
+import copy
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.layers import DiffAttention
+from timm.models.vision_transformer import Attention
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import vce.model  # noqa: F401  (registers the tiny ViT with timm)
+from vce.diff_attention import convert_attention, convert_to_diff_attention, count_diff_attention
+
+
+def reference_output(original: Attention, diff: DiffAttention, x: torch.Tensor, depth: int):
+    """Ye et al. 2024 on the ORIGINAL layer's heads: head h = (A_2h − λ A_2h+1)·[V_2h, V_2h+1]."""
+    B, N, C = x.shape
+    H, d = original.num_heads, original.head_dim
+    q, k, v = F.linear(x, original.qkv.weight, original.qkv.bias).split(C, dim=-1)
+    q, k, v = (t.reshape(B, N, H, d).transpose(1, 2) for t in (q, k, v))  # (B, H, N, d)
+    maps = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)  # pretrained heads' maps
+    lambda_init = 0.8 - 0.6 * math.exp(-0.3 * depth)
+    lam = (torch.exp(diff.lambda_q1 @ diff.lambda_k1) - torch.exp(diff.lambda_q2 @ diff.lambda_k2)
+           + lambda_init)
+    heads = []
+    for h in range(H // 2):
+        value = torch.cat([v[:, 2 * h], v[:, 2 * h + 1]], dim=-1)  # (B, N, 2d)
+        out = (maps[:, 2 * h] - lam * maps[:, 2 * h + 1]) @ value
+        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * diff.sub_norm.weight
+        heads.append(out * (1 - lambda_init))
+    return F.linear(torch.cat(heads, dim=-1), original.proj.weight, original.proj.bias)
+
+
+@pytest.mark.parametrize("dim,heads,depth", [(768, 12, 0), (768, 12, 11), (64, 4, 3)])
+def test_converted_layer_computes_the_formula_on_the_pretrained_heads(dim, heads, depth):
+    torch.manual_seed(depth)
+    original = Attention(dim, num_heads=heads, qkv_bias=True).double().eval()
+    diff = convert_attention(original, depth).double().eval()
+    with torch.no_grad():  # move the new parameters off their init so all of them are exercised
+        for p in (diff.lambda_q1, diff.lambda_k1, diff.lambda_q2, diff.lambda_k2):
+            p.normal_(0, 0.3)
+        diff.sub_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 17, dim, dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference_output(original, diff, x, depth)
+        torch.testing.assert_close(diff(x), expected, rtol=0, atol=1e-6)  # λ is computed in float32 by timm
+        diff.fused_attn = False  # the explicit-softmax path agrees with the two SDPA calls
+        torch.testing.assert_close(diff(x), expected, rtol=0, atol=1e-6)  # λ is computed in float32 by timm
+
+
+def test_transfer_keeps_every_pretrained_weight_and_adds_only_lambda_and_norm():
+    torch.manual_seed(0)
+    plain = timm.create_model("vce_vit_tiny_patch8_64", num_classes=0).eval()
+    converted = convert_to_diff_attention(copy.deepcopy(plain))
+    assert count_diff_attention(converted) == len(plain.blocks) == 4
+    before, after = plain.state_dict(), converted.state_dict()
+    for key, tensor in before.items():  # Q/K/V/proj, MLPs, norms, embeddings: bit for bit
+        assert torch.equal(after[key], tensor), key
+    new = sorted({k.split(".", 3)[-1] for k in set(after) - set(before)})
+    assert new == ["lambda_k1", "lambda_k2", "lambda_q1", "lambda_q2", "sub_norm.weight"]
+    head_dim = plain.blocks[0].attn.head_dim  # 16: Q/K groups keep the pretrained head width
+    extra = sum(p.numel() for p in converted.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert extra == len(plain.blocks) * (4 * head_dim + 2 * head_dim)
+    for depth, block in enumerate(converted.blocks):
+        assert block.attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3 * depth))
+        assert block.attn.fused_attn  # both softmax maps through scaled_dot_product_attention
+
+
+def test_not_function_preserving_but_same_shapes_and_finite():
+    """Stated in the module doc: the per-head RMSNorm changes the output; shapes stay."""
+    torch.manual_seed(0)
+    plain = timm.create_model("vce_vit_tiny_patch8_64", num_classes=0).eval()
+    converted = convert_to_diff_attention(copy.deepcopy(plain)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        a, b = plain(x), converted(x)
+    assert a.shape == b.shape and torch.isfinite(b).all()
+    assert not torch.allclose(a, b)
+
+
+def test_compute_cost_attention_matmuls_grow_by_half():
+    """Q·Kᵀ as before; the (two maps)·V products double: attention matmuls × 1.5, rest equal."""
+    plain = timm.create_model("vce_vit_tiny_patch8_64", num_classes=0).eval()
+    converted = convert_to_diff_attention(copy.deepcopy(plain)).eval()
+    counts = []
+    for model in (plain, converted):
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+            model(torch.randn(1, 3, 64, 64))
+        counts.append({str(k): v for k, v in fc.get_flop_counts()["Global"].items()})
+    tokens, dim, depth = 65, 64, 4
+    assert counts[0]["aten.bmm"] == depth * 2 * (2 * tokens * tokens * dim)
+    assert counts[1]["aten.bmm"] == counts[0]["aten.bmm"] * 3 // 2
+    assert counts[1]["aten.addmm"] == counts[0]["aten.addmm"]
+
+
+def test_odd_head_count_is_rejected():
+    with pytest.raises(ValueError, match="odd"):
+        convert_attention(Attention(48, num_heads=3), 0)

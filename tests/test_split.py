@@ -1,0 +1,118 @@
+"""The split by video: disjoint, deterministic, rare labels covered in validation; k-fold."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from vce.io import write_parquet
+from vce.labels import LABELS
+from vce.params import ParamsError, from_dict
+from vce.split import SplitParams, split_frames
+
+RARE = {"z-line": ("3", "17"), "active bleeding": ("5", "11"), "ulcer": ("8", "19"),
+        "hematin": ("2",)}
+
+
+def frame_table(n_videos: int = 20, per_video: int = 30) -> pd.DataFrame:
+    """Videos "1".."n" with common region labels and a few labels each in 1-2 videos only."""
+    rng = np.random.default_rng(1)
+    ids = np.repeat([str(v) for v in range(1, n_videos + 1)], per_video)
+    frames = pd.DataFrame({"video_id": ids, "frame": np.tile(np.arange(per_video) * 5, n_videos),
+                           "index": np.tile(np.arange(per_video), n_videos)})
+    for label in LABELS:
+        frames[label] = (rng.random(len(frames)) < 0.2).astype(np.uint8)
+    for label, videos in RARE.items():
+        frames[label] = (frames["video_id"].isin(videos) & (frames["frame"] < 20)).astype(np.uint8)
+    return frames
+
+
+def test_split_is_by_video_deterministic_and_sized():
+    frames = frame_table()
+    cfg = SplitParams(seed=3, val_fraction=0.25)
+    out, summary = split_frames(frames, cfg)
+    assert list(out.columns) == [*frames.columns, "split"]
+    assert (out.groupby("video_id")["split"].nunique() == 1).all()
+    assert summary["n_videos"] == {"train": 15, "val": 5}
+    assert set(summary["videos"]["train"]).isdisjoint(summary["videos"]["val"])
+    assert summary["n_frames"]["val"] == 5 * 30
+    again, _ = split_frames(frames, cfg)
+    assert again.equals(out)
+    others = {tuple(split_frames(frames, SplitParams(seed=s))[1]["videos"]["val"]) for s in range(5)}
+    assert len(others) > 1, "the seed changes the split"
+
+
+def test_rare_labels_have_positives_on_both_sides():
+    frames = frame_table()
+    for seed in range(5):
+        _, summary = split_frames(frames, SplitParams(seed=seed))
+        for label in ("z-line", "active bleeding", "ulcer"):  # each in exactly 2 videos
+            assert summary["positive_videos"][label] == {"train": 1, "val": 1}, (seed, label)
+        assert summary["labels_without_val_positives"] in ([], ["hematin"])
+
+
+def test_summary_counts_match_the_frames():
+    frames = frame_table()
+    out, summary = split_frames(frames, SplitParams())
+    for label in LABELS:
+        for part in ("train", "val"):
+            rows = out[out["split"] == part]
+            assert summary["positive_frames"][label][part] == int(rows[label].sum())
+            assert summary["positive_videos"][label][part] == \
+                int((rows.groupby("video_id")[label].sum() > 0).sum())
+    json.dumps(summary)  # plain JSON types only
+
+
+def test_k_fold_partitions_videos_and_fold_picks_validation():
+    frames = frame_table()
+    vals = []
+    for fold in range(4):
+        _, summary = split_frames(frames, SplitParams(n_folds=4, fold=fold))
+        assert summary["n_videos"]["val"] == 5
+        vals.append(set(summary["videos"]["val"]))
+        assert summary["fold_of_video"] == split_frames(
+            frames, SplitParams(n_folds=4, fold=0))[1]["fold_of_video"]
+    assert set().union(*vals) == {str(v) for v in range(1, 21)}
+    assert sum(len(v) for v in vals) == 20, "each video is validation in exactly one fold"
+
+
+def test_too_few_videos_and_bad_params_are_errors():
+    with pytest.raises(ValueError, match="^a split by video needs at least 2 videos, the index has 1$"):
+        split_frames(frame_table(n_videos=1), SplitParams())
+    with pytest.raises(ValueError, match=(
+            "^split.n_folds = 5 needs at least that many videos, the index has 3$")):
+        split_frames(frame_table(n_videos=3), SplitParams(n_folds=5))
+    with pytest.raises(ParamsError, match=r"^split.fold: must be in 0..n_folds-1 \(n_folds = 3\)$"):
+        from_dict(SplitParams, {"n_folds": 3, "fold": 3}, "split")
+    with pytest.raises(ParamsError, match=r"^split.val_fraction: must be in \(0, 1\)$"):
+        from_dict(SplitParams, {"val_fraction": 1.0}, "split")
+
+
+def load_stage():
+    spec = importlib.util.spec_from_file_location("stage_split", ROOT / "stages" / "split.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stage_writes_split_and_metrics(tmp_path, capsys):
+    write_parquet(tmp_path / "frames.parquet", frame_table())
+    (tmp_path / "params.yaml").write_text("split:\n  seed: 42\n  val_fraction: 0.25\n")
+    args = ["--params", str(tmp_path / "params.yaml"), "--index", str(tmp_path / "frames.parquet"),
+            "--out", str(tmp_path / "split/frames.parquet"), "--metrics", str(tmp_path / "split.json")]
+    stage = load_stage()
+    assert stage.main(args) == 0
+    out = pd.read_parquet(tmp_path / "split/frames.parquet")
+    assert set(out["split"]) == {"train", "val"} and len(out) == 600
+    first = (tmp_path / "split/frames.parquet").read_bytes()
+    assert stage.main(args) == 0 and (tmp_path / "split/frames.parquet").read_bytes() == first
+    assert json.loads((tmp_path / "split.json").read_text())["n_videos"] == {"train": 15, "val": 5}
+    args[3] = str(tmp_path / "missing.parquet")
+    assert stage.main(args) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: frame index not found: {tmp_path}/missing.parquet (run the index stage first)\n")

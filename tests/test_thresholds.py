@@ -1,0 +1,85 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vce.events import EventParams, labels_to_submission, probs_to_submission
+from vce.labels import LABELS, NUM_LABELS
+from vce.params import ParamsError, from_dict
+from vce.score import score
+from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+
+
+def test_f1_threshold_on_a_constructed_case():
+    # mouth: positives at 0.7 and 0.8, negatives at 0.2 and 0.75 -> F1 best firing at >= 0.76..0.8.
+    y_true = np.zeros((4, NUM_LABELS), np.uint8)
+    y_prob = np.zeros((4, NUM_LABELS))
+    y_true[:2, 0] = 1
+    y_prob[:, 0] = [0.7, 0.8, 0.2, 0.75]
+    params = ThresholdParams(low_support=0.0)
+    thresholds = f1_thresholds(y_true, y_prob, params)
+    # >= 0.21 .. 0.70 fires 3 frames (F1 0.8); >= 0.76 .. 0.80 fires 1 (F1 0.667): lowest best wins.
+    assert thresholds["mouth"] == pytest.approx(0.21)
+    assert thresholds["blood"] == params.off_threshold  # no positives: never fires
+
+
+def test_f1_low_support_searches_from_low_start():
+    y_true = np.zeros((1000, NUM_LABELS), np.uint8)
+    y_prob = np.full((1000, NUM_LABELS), 0.01)
+    y_true[:3, 8] = 1  # active bleeding: 0.3 % support
+    y_prob[:3, 8] = 0.06
+    y_true[:300, 4] = 1  # colon: 30 % support
+    y_prob[:300, 4] = 0.06
+    thresholds = f1_thresholds(y_true, y_prob, ThresholdParams())
+    assert thresholds["active bleeding"] == pytest.approx(0.05)  # reachable from low_start
+    assert thresholds["colon"] == pytest.approx(0.10)  # grid starts at grid_start: nothing fires
+
+
+def test_threshold_params_check_names_the_key():
+    with pytest.raises(ParamsError, match="thresholds.off_threshold"):
+        from_dict(ThresholdParams, {"off_threshold": 0.9}, "thresholds")
+    with pytest.raises(ParamsError, match="thresholds.median_windows"):
+        from_dict(ThresholdParams, {"median_windows": [2]}, "thresholds")
+    with pytest.raises(ParamsError, match="thresholds.method"):
+        from_dict(ThresholdParams, {"method": "auc"}, "thresholds")
+
+
+def _synthetic_validation(seed=0, n_videos=4, n=300):
+    """Videos with a long colon stretch (easy) and a short polyp in half of them (noisy)."""
+    rng = np.random.default_rng(seed)
+    gt, rows = {"videos": []}, []
+    for v in range(n_videos):
+        truth = np.zeros((n, NUM_LABELS))
+        truth[100:, LABELS.index("colon")] = 1
+        if v % 2 == 0:
+            truth[150:160, LABELS.index("polyp")] = 1
+        probs = np.clip(truth * 0.5 + rng.random((n, NUM_LABELS)) * 0.5, 0, 1)
+        table = pd.DataFrame(probs.astype(np.float32), columns=list(LABELS))
+        table.insert(0, "t", np.arange(n))
+        table.insert(0, "video_id", f"v{v}")
+        rows.append(table)
+        labels = pd.DataFrame(truth.astype(np.uint8), columns=list(LABELS))
+        labels.insert(0, "t", np.arange(n))
+        labels.insert(0, "video_id", f"v{v}")
+        gt["videos"] += labels_to_submission(labels)["videos"]
+    return pd.concat(rows, ignore_index=True), gt
+
+
+def test_tune_on_map_never_scores_below_its_start():
+    frame_probs, gt = _synthetic_validation()
+    start_thresholds = {label: 0.3 for label in LABELS}
+    start_params = EventParams(presence="none")
+    small = ThresholdParams(
+        coarse_grid=[0.3, 0.6, 0.9, 1.01], rounds=1, median_windows=[1, 7], fill_gaps=[0, 5],
+        min_lengths=[1, 5], presence_thresholds=[0.5], styles=["tuple"],
+    )
+    start = score(gt, probs_to_submission(frame_probs, start_thresholds, start_params))
+    thresholds, params, report = tune_on_map(frame_probs, gt, start_thresholds, start_params, small)
+    tuned = score(gt, probs_to_submission(frame_probs, thresholds, params))
+    objective = (tuned["map@0.5"] + tuned["map@0.95"]) / 2
+    assert report["start"] == pytest.approx((start["map@0.5"] + start["map@0.95"]) / 2)
+    assert objective == pytest.approx(report["best"]) and objective >= report["start"]
+    assert report["best"] > report["start"]  # noise everywhere at 0.3: switching labels off must help
+    assert "z-line" in report["labels_off"]
+    json.dumps(report)  # the report is JSON-ready
