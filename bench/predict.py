@@ -6,7 +6,9 @@ flipped, rotated, with sensor-like noise), then prints one JSON object with:
 - decode ceilings: frames/s of decode + resize to the model size for every PNG decoder
   importable here, over all cores (DataLoader workers), no model;
 - model only: forward frames/s on random tensors (bf16 autocast on CUDA);
-- end to end: `vce.predict.predict_frames`, the code the predict stage runs, frames/s.
+- end to end: `vce.predict.predict_frames`, the code the predict stage runs, frames/s;
+- with the decoded-frame cache: the one-off cache build (a decode pass) and a later
+  predict pass reading the cache instead of PNGs.
 
     python bench/predict.py                       # GPU box: full ViT-B/16 (model.source=random)
     python bench/predict.py --frames 2000 --source tiny --batch 64   # 2-core CPU
@@ -32,6 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vce.frame_cache import CacheParams, FrameCache, build_cache  # noqa: E402
 from vce.frames import available_decoders, decode_frame  # noqa: E402
 from vce.model import ModelParams, create_model  # noqa: E402
 from vce.predict import PredictParams, predict_frames  # noqa: E402
@@ -122,6 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--decoder", default=None, help="decoder for end to end (default: fastest ceiling)")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--decoders", nargs="*", default=None, help="decoders to measure (default: all importable)")
     parser.add_argument("--stills", type=Path, default=STILLS)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the video (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     size = model.preprocess["image_size"]
     decode_paths = frames["path"].to_numpy()[: args.decode_frames]
     result["decode_fps"] = {name: round(decode_ceiling(folder, decode_paths, size, name, args.workers, args.batch), 1)
-                            for name in available_decoders()}
+                            for name in (args.decoders or available_decoders())}
     best = max(result["decode_fps"], key=result["decode_fps"].get)
     result["model_only_fps"] = round(model_only(model, device, args.batch, size, True), 1)
 
@@ -154,6 +158,18 @@ def main(argv=None) -> int:
     result["end_to_end"] = {"decoder": decoder, "seconds": round(seconds, 2),
                             "fps": round(stats["frames"] / seconds, 1), "invalid_frames": stats["invalid_frames"],
                             "share_of_decode_ceiling": round(stats["frames"] / seconds / result["decode_fps"][decoder], 3)}
+
+    start = time.perf_counter()
+    build_cache(frames.assign(root=str(folder)), folder / "cache",
+                CacheParams(size=size, num_workers=args.workers, decoder=decoder, interpolation="bicubic"))
+    cache_seconds = time.perf_counter() - start
+    cache = FrameCache.open(folder / "cache")
+    predict_frames(model, warm, folder, out, params, device, cache=cache)
+    start = time.perf_counter()
+    stats = predict_frames(model, frames, folder, out, params, device, cache=cache)
+    seconds = time.perf_counter() - start
+    result["cached"] = {"build_fps": round(len(frames) / cache_seconds, 1), "seconds": round(seconds, 2),
+                        "fps": round(stats["frames"] / seconds, 1)}
     print(json.dumps(result, indent=2))
     if args.dir is None:
         shutil.rmtree(folder, ignore_errors=True)

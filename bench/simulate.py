@@ -19,9 +19,11 @@ Protocol: videos split in half at random (seed); the tuning half gives F1 thresh
 the `tune_on_map` search (ours); the held-out half is scored with the official metric. Printed:
 mAP@0.5/0.95 of an empty submission, the seed's recipe (F1 thresholds, w=7, g=5, m=3, tuple
 events, no presence decision), the seed's events kept only for labels truly present in each video
-(an oracle presence decision), ours with default parameters and F1 thresholds, and ours tuned.
+(an oracle presence decision), ours with default parameters and F1 thresholds, and ours tuned;
+then the last two again with anatomy-consistent decoding (`events.anatomy: viterbi`: regions as
+one monotone path per video, landmarks only near its boundaries), tuned by the same search.
 
-Run: python bench/simulate.py [--rho 0.9] [--seed 0]   (about 2-4 minutes on 2 cores)
+Run: python bench/simulate.py [--rho 0.9] [--seed 0]   (about 4-7 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rho", type=float, default=0.9, help="AR(1) correlation of consecutive frames' noise")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fixture", default=str(FIXTURE))
+    parser.add_argument("--emission", default=EventParams.emission, choices=["probs", "runs"], help="anatomy decoding: region scores")
+    parser.add_argument("--switch-penalty", type=float, default=EventParams.switch_penalty, help="anatomy decoding: cost per region switch")
+    parser.add_argument("--landmarks", default=EventParams.landmarks, choices=["window", "peak"], help="anatomy decoding: landmark placement")
+    parser.add_argument("--landmark-window", type=int, default=EventParams.landmark_window, help="anatomy decoding: frames around a boundary")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     rng = np.random.default_rng(args.seed)
@@ -144,8 +150,19 @@ def main(argv=None) -> int:
     )
     ours_sub = probs_to_submission(probs_test, tuned_thresholds, tuned_params)
 
+    # The same two variants with anatomy-consistent decoding (vce.anatomy), tuned the same way.
+    anatomy = EventParams(anatomy="viterbi", emission=args.emission, switch_penalty=args.switch_penalty, landmarks=args.landmarks,
+                          landmark_window=args.landmark_window)
+    anatomy_defaults_sub = probs_to_submission(probs_test, seed_thresholds, anatomy)
+    anatomy_thresholds, anatomy_params, anatomy_report = tune_on_map(
+        probs_tune, gt_tune, seed_thresholds, anatomy, threshold_params
+    )
+    anatomy_sub = probs_to_submission(probs_test, anatomy_thresholds, anatomy_params)
+
     results = {
         "model": {"rho": args.rho, "seed": args.seed, "auc": SEED_AUC},
+        "anatomy": {"emission": args.emission, "switch_penalty": args.switch_penalty,
+                    "landmarks": args.landmarks, "landmark_window": args.landmark_window},
         "videos": {"tune": len(tune_ids), "test": len(test_ids), "frames": len(frame_probs)},
         "held_out": {
             "empty": maps(gt_test, empty_sub),
@@ -153,11 +170,15 @@ def main(argv=None) -> int:
             "seed_recipe_present_labels_only": maps(gt_test, present_only(seed_sub, gt_test)),
             "ours_defaults_f1_thresholds": maps(gt_test, defaults_sub),
             "ours_tuned": maps(gt_test, ours_sub),
+            "ours_defaults_f1_thresholds_anatomy": maps(gt_test, anatomy_defaults_sub),
+            "ours_tuned_anatomy": maps(gt_test, anatomy_sub),
         },
         "seed_thresholds": seed_thresholds,
         "tuned_thresholds": tuned_thresholds,
         "tuned_event_params": dataclasses.asdict(tuned_params),
         "tuning": {k: v for k, v in report.items() if k != "steps"},
+        "tuned_thresholds_anatomy": anatomy_thresholds,
+        "tuning_anatomy": {k: v for k, v in anatomy_report.items() if k != "steps"},
         "seconds": round(time.perf_counter() - began, 1),
     }
     print(json.dumps(results, indent=2))

@@ -3,6 +3,8 @@
 Writes the validation events (scored by `score`) and the test-set submission, each as the
 official JSON and an .xlsx (video_id, start, end, label). Post-processing knobs come from
 params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: map` tuned them.
+`thresholds.probs` picks the probabilities: the frame model's (`data/predict`) or the temporal
+model's (`data/temporal`); `events.anatomy: viterbi` decodes regions as one monotone path.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from vce.io import write_json  # noqa: E402
 from vce.labels import check_labels  # noqa: E402
 from vce.params import from_dict, load_params  # noqa: E402
 from vce.score import check_submission  # noqa: E402
+from vce.temporal import probs_source  # noqa: E402
 from vce.timeline import join_probs  # noqa: E402
 
 
@@ -29,8 +32,10 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--thresholds", default="models/thresholds.json")
-    parser.add_argument("--val-probs", default="data/predict/val.parquet")
-    parser.add_argument("--test-probs", default="data/predict/test.parquet")
+    parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory thresholds.probs picks")
+    parser.add_argument("--test-probs", default=None, help="default: test.parquet of the directory thresholds.probs picks")
+    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet")
     parser.add_argument("--test-frames", default="data/index/test.parquet")
     parser.add_argument("--out-dir", default="data/events")
@@ -57,9 +62,13 @@ def main(argv=None) -> int:
     thresholds, tuned = load_thresholds(args.thresholds)
     event_params = from_dict(EventParams, tuned if tuned else params["events"],
                              f"{args.thresholds}:events" if tuned else "events")
+    source = probs_source(params.get("thresholds") or {})
+    probs_dir = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
+    val_probs = args.val_probs or str(probs_dir / "val.parquet")
+    test_probs = args.test_probs or str(probs_dir / "test.parquet")
     out = Path(args.out_dir)
-    for name, probs_path, frames_path in (("val", args.val_probs, args.frames),
-                                          ("submission", args.test_probs, args.test_frames)):
+    for name, probs_path, frames_path in (("val", val_probs, args.frames),
+                                          ("submission", test_probs, args.test_frames)):
         probs, _ = join_probs(read_index(probs_path), read_index(frames_path))
         submission = probs_to_submission(probs, thresholds, event_params)
         check_submission(submission, where=f"{name} events")

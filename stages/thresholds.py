@@ -2,7 +2,8 @@
 
 `thresholds.method: f1` maximises per-class frame F1 (the seed's way); `map` then tunes the
 thresholds and the event post-processing directly on validation temporal mAP, the score
-that counts. Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
+that counts. `thresholds.probs` picks the validation probabilities: the frame model's
+(`data/predict`) or the temporal model's (`data/temporal`). Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vce.frame_metrics import frame_metrics  # noqa: E402
 from vce.io import write_json  # noqa: E402
 from vce.labels import LABELS  # noqa: E402
 from vce.params import from_dict, load_params  # noqa: E402
+from vce.temporal import probs_source  # noqa: E402
 from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map  # noqa: E402
 from vce.timeline import join_probs, labels_on_time  # noqa: E402
 
@@ -30,7 +32,10 @@ from vce.timeline import join_probs, labels_on_time  # noqa: E402
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--probs", default="data/predict/val.parquet", help="validation probabilities")
+    parser.add_argument("--probs", default=None,
+                        help="validation probabilities (default: val.parquet of --predict-dir or --temporal-dir, as thresholds.probs says)")
+    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
     parser.add_argument("--out", default="models/thresholds.json")
     parser.add_argument("--metrics", default="metrics/thresholds.json")
@@ -40,10 +45,16 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
-    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
+    section = dict(params["thresholds"])
+    source = probs_source(section)
+    section.pop("probs", None)  # read here, not a ThresholdParams knob
+    threshold_params = from_dict(ThresholdParams, section, "thresholds")
     event_params = from_dict(EventParams, params["events"], "events")
     frames = read_index(args.frames)
-    probs, labels = join_probs(read_index(args.probs), frames)
+    probs_path = args.probs or str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
+    probs, labels = join_probs(read_index(probs_path), frames)
+    if len(probs) == 0:
+        raise ValueError(f"{probs_path} has no frames (thresholds.probs: {source})")
     if labels is None:
         raise ValueError(f"{args.frames} has no label columns: thresholds need labelled validation frames")
     valid = probs["valid"].to_numpy()
@@ -57,9 +68,10 @@ def main(argv=None) -> int:
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
         tuned_events = asdict(tuned)
     per_class = frame_metrics(y_true, y_prob)
-    write_json(args.out, {"method": threshold_params.method, "thresholds": thresholds, "events": tuned_events})
+    write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events})
     write_json(args.metrics, {
         "method": threshold_params.method,
+        "probs": source,
         "frame_map": per_class["map"],
         "per_class": {label: {**per_class["per_label"][label], "threshold": thresholds[label]} for label in LABELS},
         "tuning": report,

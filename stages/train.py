@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vce import checkpoint, cli  # noqa: E402
-from vce.data import FrameDataset, eval_transform, label_matrix, rarest_label_weights, read_index, train_transform  # noqa: E402
+from vce.data import FrameDataset, eval_transform, label_matrix, rarest_label_weights, read_index, train_transform  # noqa: E402,E501
 from vce.frame_cache import CachedFrameDataset, FrameCache  # noqa: E402
 from vce.index import DataParams  # noqa: E402
 from vce.io import write_json  # noqa: E402
@@ -52,8 +52,8 @@ def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: Fram
     val = frames[frames["split"] == "val"].reset_index(drop=True)
     if len(train) == 0 or len(val) == 0:
         raise ValueError(f"need frames in both splits, got train={len(train)} val={len(val)}")
-    train_tf = train_transform(size, pre["mean"], pre["std"], params.augment)
-    val_tf = eval_transform(pre["mean"], pre["std"])
+    train_tf = train_transform(size, params.augment)
+    val_tf = eval_transform()
     if cache is not None:
         return train, (CachedFrameDataset(cache, cache.rows_for(train), label_matrix(train), size, train_tf, resize=False),
                        CachedFrameDataset(cache, cache.rows_for(val), label_matrix(val), size, val_tf, resize=True))

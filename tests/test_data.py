@@ -95,7 +95,7 @@ def test_dataset_marks_undecodable_frames_invalid(tmp_path, stills):
     paths = [stills[0].name, "bad.png"]
     (tmp_path / stills[0].name).write_bytes(stills[0].read_bytes())
     targets = np.eye(17, dtype=np.uint8)[:2]
-    dataset = FrameDataset(tmp_path, paths, targets, 32, 32, "bicubic", eval_transform([0.5] * 3, [0.5] * 3))
+    dataset = FrameDataset(tmp_path, paths, targets, 32, 32, "bicubic", eval_transform())
     image, target, valid, row = dataset[0]
     assert image.shape == (3, 32, 32) and valid and row == 0 and target[0] == 1
     image, target, valid, row = dataset[1]
@@ -104,7 +104,7 @@ def test_dataset_marks_undecodable_frames_invalid(tmp_path, stills):
 
 def test_augmentation_is_reproducible_from_the_sample_seed(stills):
     dataset = FrameDataset(stills[0].parent, [stills[0].name], None, 40, 32, "bicubic",
-                           train_transform(32, [0.5] * 3, [0.5] * 3, AugmentParams()))
+                           train_transform(32, AugmentParams()))
     first, second, other = dataset[(0, 7)][0], dataset[(0, 7)][0], dataset[(0, 8)][0]
     assert first.shape == (3, 32, 32)
     assert torch.equal(first, second) and not torch.equal(first, other)

@@ -83,21 +83,33 @@ def sample_seeds(seed: int, epoch: int, count: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 1]).integers(0, 2**31 - 1, size=count)
 
 
-def train_transform(image_size: int, mean, std, aug: AugmentParams) -> v2.Compose:
+def train_transform(image_size: int, aug: AugmentParams) -> v2.Compose:
+    """Seed augmentations on uint8 frames (workers ship uint8: 4× less than float32)."""
     return v2.Compose([
         v2.RandomResizedCrop(image_size, scale=(aug.crop_scale_min, 1.0), antialias=True),
         v2.RandomHorizontalFlip(aug.hflip),
         v2.RandomVerticalFlip(aug.vflip),
         v2.RandomRotation(aug.rotation),
         v2.ColorJitter(aug.brightness, aug.contrast, aug.saturation, aug.hue),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(mean, std),
-        v2.RandomErasing(aug.erasing),
+        v2.RandomErasing(aug.erasing),  # erases to black (0) in pixel space
     ])
 
 
-def eval_transform(mean, std) -> v2.Compose:
-    return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+def eval_transform() -> v2.Identity:
+    """No change: evaluation frames go to the model as decoded (resized to its size)."""
+    return v2.Identity()
+
+
+def normalize_batch(images: torch.Tensor, mean, std, device) -> torch.Tensor:
+    """uint8 (B, 3, H, W) → float, normalised with the checkpoint's mean/std, on `device`.
+
+    Done on the device, after the transfer: DataLoader workers and the pin-memory thread move
+    uint8, a quarter of the bytes of float32.
+    """
+    images = images.to(device, non_blocking=True).float().div_(255)
+    mean = torch.tensor(mean, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(std, device=device).view(1, 3, 1, 1)
+    return images.sub_(mean).div_(std)
 
 
 class FrameDataset(Dataset):
@@ -133,7 +145,7 @@ class FrameDataset(Dataset):
             image = self.transform(torch.from_numpy(pixels).permute(2, 0, 1))  # (3, S, S)
             valid = True
         except FrameError:
-            image = torch.zeros(3, self.out_size, self.out_size)
+            image = torch.zeros(3, self.out_size, self.out_size, dtype=torch.uint8)
             valid = False
         if self.targets is None:
             target = torch.zeros(len(LABELS))

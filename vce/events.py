@@ -17,6 +17,10 @@ Pipeline (per label, then per video; every knob in `EventParams` / params.yaml `
    writes each label's runs on their own. Events of a video are written most confident first
    (mean probability inside the event), since file order is the ranking AP uses.
 
+With `anatomy: viterbi`, before step 5 the five region labels are replaced by one monotone
+region path per video and landmarks are confined to its boundaries (`vce.anatomy`): region
+thresholds and smoothing knobs then have no effect.
+
 All videos are laid end to end on one dense frame axis (`Timeline`): missing times become
 unobserved frames, long gaps are shortened to a length no step can see across, and videos are
 separated by such gaps, so every step is one vectorised pass over all videos.
@@ -31,6 +35,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from vce.anatomy import anatomy_runs
 from vce.io import atomic_path
 from vce.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.params import require
@@ -51,6 +56,12 @@ class EventParams:
     presence_min_frames: int = 1
     multi_label: bool = True
     per_label: dict = field(default_factory=dict)  # label -> {knob: value} overriding LABEL_KNOBS
+    anatomy: Literal["none", "viterbi"] = "none"  # viterbi: regions from one monotone path (vce.anatomy)
+    emission: Literal["probs", "runs"] = "probs"  # viterbi: region scores from probabilities or thresholded runs
+    switch_penalty: float = 10.0  # viterbi: cost of each region switch (log-probability units; frames for runs)
+    landmarks: Literal["window", "peak"] = "window"  # viterbi: landmark runs kept near / placed at boundaries
+    landmark_window: int = 30  # viterbi: frames either side of a decoded boundary where its landmark may fire
+    landmark_length: int = 3  # viterbi, peak: frames of the event placed at the landmark's peak
 
     def for_label(self, label: str) -> "EventParams":
         """The knobs that apply to `label` (its overrides over the shared values)."""
@@ -86,6 +97,12 @@ class EventParams:
             f"{section}.presence_min_frames",
             f"must be >= 1, got {self.presence_min_frames}",
         )
+        require(self.anatomy in ("none", "viterbi"), f"{section}.anatomy", f"must be none or viterbi, got {self.anatomy!r}")
+        require(self.emission in ("probs", "runs"), f"{section}.emission", f"must be probs or runs, got {self.emission!r}")
+        require(self.switch_penalty >= 0, f"{section}.switch_penalty", f"must be >= 0, got {self.switch_penalty}")
+        require(self.landmarks in ("window", "peak"), f"{section}.landmarks", f"must be window or peak, got {self.landmarks!r}")
+        require(self.landmark_window >= 0, f"{section}.landmark_window", f"must be >= 0, got {self.landmark_window}")
+        require(self.landmark_length >= 1, f"{section}.landmark_length", f"must be >= 1, got {self.landmark_length}")
         require(isinstance(self.per_label, dict), f"{section}.per_label", "must be a mapping label -> {knob: value}")
         for label, overrides in self.per_label.items():
             key = f"{section}.per_label.{label}"
@@ -117,6 +134,7 @@ class Timeline:
     observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
     prob_cums: dict = field(default_factory=dict)  # label -> (P+1,) prefix sums of probs, filled lazily
+    region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.anatomy)
 
 
 def build_timeline(
@@ -345,7 +363,9 @@ def timeline_runs(timeline: Timeline, thresholds: dict[str, float], params: Even
 
 
 def runs_to_submission(timeline: Timeline, runs, params: EventParams) -> dict:
-    """Steps 5-6 from per-label runs."""
+    """Steps 5-6 from per-label runs (regions and landmarks decoded first when `anatomy` asks)."""
+    if params.anatomy != "none":
+        runs = anatomy_runs(timeline, runs, params)
     if params.presence != "none":
         confidences = [
             _mean_prob(timeline, _prob_cum(timeline, k), starts, ends) if len(starts) else np.empty(0)

@@ -168,7 +168,7 @@ class CachedFrameDataset(Dataset):
                                                         antialias=True)[0].round().clamp(0, 255).byte()
             image = self.transform(image)
         else:
-            image = torch.zeros(3, self.out_size, self.out_size)
+            image = torch.zeros(3, self.out_size, self.out_size, dtype=torch.uint8)
         target = (torch.zeros(len(LABELS)) if self.targets is None
                   else torch.from_numpy(self.targets[row].astype(np.float32)))
         return image, target, valid, row

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .data import FrameDataset, eval_transform
+from .data import FrameDataset, eval_transform, normalize_batch
 from .frame_cache import CachedFrameDataset, FrameCache
 from .io import atomic_path
 from .labels import LABELS
@@ -111,7 +111,7 @@ def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: Predict
     """
     frames = frames.sort_values(["video_id", "frame"], kind="stable").reset_index(drop=True)
     pre = model.preprocess
-    transform = eval_transform(pre["mean"], pre["std"])
+    transform = eval_transform()
     if cache is not None:
         dataset = CachedFrameDataset(cache, cache.rows_for(frames), None, pre["image_size"], transform, resize=True)
     else:
@@ -127,7 +127,13 @@ def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: Predict
         emb_writer = None
         show = not os.environ.get("CI")
         for images, _, valid, rows in tqdm(loader, desc=desc, disable=not show):
-            probs, embedding = _forward(net, images.to(device, non_blocking=True), params, device)
+            batch = normalize_batch(images, pre["mean"], pre["std"], device)
+            if params.compile and len(batch) < params.batch_size:  # pad: one compiled shape only
+                padding = batch.new_zeros(params.batch_size - len(batch), *batch.shape[1:])
+                probs, embedding = _forward(net, torch.cat([batch, padding]), params, device)
+                probs, embedding = probs[: len(images)], embedding[: len(images)]
+            else:
+                probs, embedding = _forward(net, batch, params, device)
             valid = valid.numpy()
             probs[~valid] = np.nan
             invalid_paths += [frames["path"].iat[int(r)] for r in rows[~valid]]

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from . import checkpoint
-from .data import AugmentParams, EpochSampler, FrameDataset, eval_transform, rarest_label_weights, train_transform
+from .data import AugmentParams, EpochSampler, normalize_batch
 from .frame_metrics import frame_metrics
 from .labels import LABELS
 from .params import require
@@ -117,10 +117,12 @@ def evaluate(model, loss_fn, loader, device, bf16, ddp: Distributed) -> dict:
     """Validation loss and frame-level metrics; every rank sees its shard, rank 0 gets all."""
     model.eval()
     probs, targets, losses, sizes = [], [], [], []
+    pre = model.preprocess
     for images, target, valid, _ in loader:
-        images, target = images[valid].to(device), target[valid].to(device)
-        if len(images) == 0:
+        if not valid.any():
             continue
+        images = normalize_batch(images[valid], pre["mean"], pre["std"], device)
+        target = target[valid].to(device)
         with autocast(device, bf16):
             outputs = model(images)
         loss, _ = loss_fn(_float(outputs), target)
@@ -236,7 +238,9 @@ class Trainer:
 
     # -- training ------------------------------------------------------------------------
     def train_step(self, images, targets, seed: int) -> float | None:
-        images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        pre = self.model.preprocess
+        images = normalize_batch(images, pre["mean"], pre["std"], self.device)  # uint8 in, float out
+        targets = targets.to(self.device, non_blocking=True)
         images, targets = mixup(images, targets, self.params.mixup_alpha, seed)
         torch.manual_seed(seed)  # dropout and any other draw of this step
         self.net.train()

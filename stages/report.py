@@ -1,0 +1,71 @@
+"""Stage `report`: per-class curves and table, event timelines and `metrics/report.md`.
+
+Reads the validation probabilities, labels, thresholds, predicted events and ground truth;
+writes plot data under `plots/` (declared in dvc.yaml's top-level `plots:`) and the markdown
+report with the overall and per-video mAP at tIoU 0.5 and 0.95 (the challenge's layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vce import cli  # noqa: E402
+from vce.data import read_index  # noqa: E402
+from vce.labels import LABELS  # noqa: E402
+from vce.params import load_section  # noqa: E402
+from vce.report import ReportParams, write_report  # noqa: E402
+from vce.timeline import join_probs  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--probs", default="data/predict/val.parquet", help="validation probabilities")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
+    parser.add_argument("--thresholds", default="models/thresholds.json")
+    parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
+    parser.add_argument("--gt", default="data/score/val_gt.json", help="validation ground-truth events")
+    parser.add_argument("--plots-dir", default="plots")
+    parser.add_argument("--report", default="metrics/report.md")
+    return parser.parse_args(argv)
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what} {path} is not valid JSON: {err}") from None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_section(args.params, "report", ReportParams)
+    probs, labels = join_probs(read_index(args.probs), read_index(args.frames))
+    if labels is None:
+        raise ValueError(f"{args.frames} has no label columns: the report needs labelled validation frames")
+    valid = probs["valid"].to_numpy()
+    result = write_report(
+        y_true=labels[valid],
+        y_prob=probs[list(LABELS)].to_numpy()[valid],
+        frame_times=probs[["video_id", "t"]],
+        thresholds=_read_json(args.thresholds, "thresholds")["thresholds"],
+        gt=_read_json(args.gt, "ground truth"),
+        prediction=_read_json(args.events, "validation events"),
+        params=params,
+        plots_dir=args.plots_dir,
+        report_path=args.report,
+    )
+    print(f"report: {args.report}   mAP@0.5 = {result['map@0.5']:.4f}   mAP@0.95 = {result['map@0.95']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

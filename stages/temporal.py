@@ -1,0 +1,121 @@
+"""Stage `temporal`: a sequence model over frame embeddings → refined val/test probabilities.
+
+Trains `vce.temporal`'s dilated temporal convolution network on the training videos'
+embeddings (labels from the split frame index) and writes `val.parquet` and `test.parquet` in
+the probabilities contract, plus `metrics/temporal.json` (validation frame mAP of the refined
+and of the frame model's probabilities). `thresholds.probs: temporal` makes thresholds and
+events read these instead of `data/predict`.
+
+Needs `predict.embeddings: true` with `train` in `predict.splits`. Without those embeddings the
+stage is an error when `thresholds.probs` is `temporal`; otherwise it writes empty files of the
+contract's schema and `{"enabled": false, ...}` so the pipeline runs unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from vce import cli  # noqa: E402
+from vce.data import label_matrix, read_index  # noqa: E402
+from vce.frame_metrics import frame_metrics  # noqa: E402
+from vce.io import atomic_path, write_json  # noqa: E402
+from vce.labels import LABELS  # noqa: E402
+from vce.losses import LossParams  # noqa: E402
+from vce.params import from_dict, load_params  # noqa: E402
+from vce.predict import probs_schema  # noqa: E402
+from vce.temporal import (  # noqa: E402
+    TemporalParams, align, build_sequences, probs_frame, probs_source, read_embeddings, refine,
+    resolve_device, train_temporal,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--predict-dir", default="data/predict", help="probabilities and <split>_embeddings.parquet")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
+    parser.add_argument("--out-dir", default="data/temporal")
+    parser.add_argument("--metrics", default="metrics/temporal.json")
+    return parser.parse_args(argv)
+
+
+def write_probs(path: Path, table) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pandas(table, schema=probs_schema(), preserve_index=False), tmp)
+
+
+def load_split(predict_dir: Path, split: str, labelled_frames):
+    """Sequences of one split: embeddings, valid flags from its probabilities, labels if given."""
+    frames, embeddings = read_embeddings(predict_dir / f"{split}_embeddings.parquet")
+    probs_path = predict_dir / f"{split}.parquet"
+    valid = None
+    if probs_path.is_file():
+        valid = align(frames, read_index(probs_path, ["video_id", "frame", "valid"]), ["valid"], str(probs_path))
+        valid = valid["valid"].to_numpy(bool)
+    labels = None
+    if labelled_frames is not None:
+        labels = align(frames, labelled_frames, list(LABELS), "the split frame index").to_numpy("uint8")
+    return build_sequences(frames, embeddings, valid, labels)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    temporal_params = from_dict(TemporalParams, params.get("temporal") or {}, "temporal")
+    loss_params = from_dict(LossParams, params["loss"], "loss")
+    source = probs_source(params.get("thresholds") or {})
+    seed = int(params["base"]["seed"])
+    predict_dir, out = Path(args.predict_dir), Path(args.out_dir)
+    missing = [str(predict_dir / f"{s}_embeddings.parquet") for s in SPLITS
+               if not (predict_dir / f"{s}_embeddings.parquet").is_file()]
+    if missing:
+        reason = (f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true "
+                  "and add train to predict.splits")
+        if source == "temporal":
+            raise ValueError(f"thresholds.probs is temporal but there are {reason}")
+        for name in ("val", "test"):
+            write_probs(out / f"{name}.parquet", probs_schema().empty_table().to_pandas())
+        write_json(args.metrics, {"enabled": False, "reason": reason})
+        print(f"temporal: disabled, {reason}; wrote empty outputs")
+        return 0
+
+    began = time.perf_counter()
+    device = resolve_device(temporal_params.device)
+    frames = read_index(args.frames)
+    label_matrix(frames)  # raises naming a missing label column
+    train = load_split(predict_dir, "train", frames[frames["split"] == "train"])
+    val = load_split(predict_dir, "val", frames[frames["split"] == "val"])
+    test = load_split(predict_dir, "test", None)
+    model, losses = train_temporal(train, temporal_params, loss_params, seed, device)
+    trained = time.perf_counter() - began
+    metrics = {"enabled": True, "device": device.type, "train_frames": len(train.frames),
+               "train_videos": len(train.offsets) - 1, "final_loss": losses[-1] if losses else None,
+               "train_seconds": round(trained, 2)}
+    for name, seq in (("val", val), ("test", test)):
+        probs = refine(model, seq, device)
+        write_probs(out / f"{name}.parquet", probs_frame(seq, probs))
+        if name == "val" and seq.labels is not None and len(seq.frames):
+            metrics["frame_map"] = frame_metrics(seq.labels, probs)["map"]
+        if name == "val" and seq.labels is not None and (predict_dir / "val.parquet").is_file():
+            frame_probs = align(seq.frames, read_index(predict_dir / "val.parquet"), list(LABELS), "val probabilities")
+            metrics["input_frame_map"] = frame_metrics(seq.labels, frame_probs.to_numpy("float32"))["map"]
+    metrics["seconds"] = round(time.perf_counter() - began, 2)
+    write_json(args.metrics, metrics)
+    print(f"temporal: {metrics['train_frames']} training frames, val frame mAP "
+          f"{metrics.get('input_frame_map')} → {metrics.get('frame_map')} in {metrics['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(lambda: main()))

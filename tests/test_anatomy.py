@@ -1,0 +1,168 @@
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vce.anatomy import boundaries, monotone_path, region_scores
+from vce.events import EventParams, probs_to_submission
+from vce.labels import LABELS, REGIONS
+from vce.params import ParamsError, from_dict
+
+ON = {label: 0.5 for label in LABELS}
+VITERBI = dict(style="per_label", median_window=1, fill_gap=0, min_length=1, presence="none", anatomy="viterbi", switch_penalty=2.0)
+
+
+def brute_force(scores, penalty):
+    """Best non-decreasing path by enumeration (small T, K only)."""
+    n_frames, n_states = scores.shape
+    best = (-np.inf, None)
+    for path in itertools.combinations_with_replacement(range(n_states), n_frames):
+        value = scores[np.arange(n_frames), path].sum() - penalty * np.count_nonzero(np.diff(path))
+        best = max(best, (value, path), key=lambda item: item[0])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_monotone_path_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n_frames, n_states = int(rng.integers(1, 8)), int(rng.integers(1, 6))
+    scores = rng.normal(size=(n_frames, n_states)) * 3
+    penalty = float(rng.choice([0.0, 0.5, 2.0, 10.0]))
+    path, total = monotone_path(scores, penalty)
+    expected, _ = brute_force(scores, penalty)
+    assert total == pytest.approx(expected)
+    # The returned path achieves the returned total and never goes back.
+    achieved = scores[np.arange(n_frames), path].sum() - penalty * np.count_nonzero(np.diff(path))
+    assert achieved == pytest.approx(total)
+    assert (np.diff(path) >= 0).all()
+
+
+def test_monotone_path_ignores_a_noise_burst_that_would_go_back():
+    truth = np.repeat([0, 2, 3, 4], [20, 30, 100, 50])
+    probs = np.full((len(truth), 5), 0.05)
+    probs[np.arange(len(truth)), truth] = 0.9
+    probs[80:86] = 0.05
+    probs[80:86, 4] = 0.9  # a colon burst inside the small intestine
+    path, _ = monotone_path(region_scores(probs), switch_penalty=5.0)
+    assert (path == truth).all()
+    assert list(boundaries(path, 3)) == [50]  # stomach -> small intestine
+
+
+def video(n, truth, video_id="v", **label_probs):
+    table = pd.DataFrame({"video_id": video_id, "t": np.arange(n, dtype=np.int64)})
+    rng = np.random.default_rng(0)
+    for k, label in enumerate(LABELS):
+        table[label] = np.float32(0.05)
+    for k, region in enumerate(REGIONS):
+        table[region] = np.where(truth == k, 0.8, 0.1).astype(np.float32) + rng.random(n).astype(np.float32) * 0.15
+    for label, values in label_probs.items():
+        table[label.replace("_", " ")] = np.asarray(values, np.float32)
+    return table
+
+
+def events_by_label(sub, video_id="v"):
+    found = {}
+    for event in next(v for v in sub["videos"] if v["video_id"] == video_id)["events"]:
+        for label in event["label"]:
+            found.setdefault(label, []).append((event["start"], event["end"]))
+    return {label: sorted(spans) for label, spans in found.items()}
+
+
+def test_viterbi_gives_one_region_per_frame_in_order():
+    n = 300
+    truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])
+    table = video(n, truth)
+    noisy = table["colon"].to_numpy().copy()
+    noisy[100:110] = 0.95  # would fire colon inside the small intestine without decoding
+    table["colon"] = noisy
+    free = events_by_label(probs_to_submission(table, ON, EventParams(**{**VITERBI, "anatomy": "none"})))
+    assert len(free["colon"]) == 2
+    decoded = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI)))
+    spans = [decoded[region] for region in REGIONS]
+    assert spans == [[(0, 9)], [(10, 29)], [(30, 99)], [(100, 219)], [(220, 299)]]
+    # Exactly one region per frame, in anatomical order.
+    covered = np.zeros(n, int)
+    last_end = -1
+    for region in REGIONS:
+        for start, end in decoded[region]:
+            assert start == last_end + 1
+            covered[start : end + 1] += 1
+            last_end = end
+    assert (covered == 1).all()
+
+
+def test_landmarks_fire_only_near_their_boundary():
+    n = 300
+    truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])  # pylorus boundary at 100
+    pylorus = np.full(n, 0.05)
+    pylorus[98:102] = 0.9  # at the boundary
+    pylorus[250:254] = 0.9  # far away inside the colon: a false event
+    table = video(n, truth, pylorus=pylorus)
+    free = events_by_label(probs_to_submission(table, ON, EventParams(**{**VITERBI, "anatomy": "none"})))
+    assert free["pylorus"] == [(98, 101), (250, 253)]
+    window = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmark_window=10)))
+    assert window["pylorus"] == [(98, 101)]
+    peak = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmarks="peak", landmark_window=10, landmark_length=5)))
+    assert len(peak["pylorus"]) == 1 and 96 <= peak["pylorus"][0][0] <= 100
+    assert peak["pylorus"][0][1] - peak["pylorus"][0][0] == 4
+    # No decoded stomach -> small intestine crossing within reach: no pylorus at all.
+    far = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmark_window=0)))
+    assert "pylorus" not in far or far["pylorus"] == [(98, 101)]
+
+
+def test_videos_are_decoded_separately():
+    n = 120
+    first = video(n, np.repeat([3, 4], [60, 60]), video_id="a")
+    second = video(n, np.repeat([2, 3], [40, 80]), video_id="b")
+    sub = probs_to_submission(pd.concat([first, second], ignore_index=True), ON, EventParams(**VITERBI))
+    assert events_by_label(sub, "a")["colon"] == [(60, 119)]
+    assert events_by_label(sub, "b")["stomach"] == [(0, 39)]
+    assert "colon" not in events_by_label(sub, "b")
+
+
+def test_anatomy_params_are_checked():
+    with pytest.raises(ParamsError, match="events.anatomy"):
+        from_dict(EventParams, {"anatomy": "hmm"}, "events")
+    with pytest.raises(ParamsError, match="events.landmarks"):
+        from_dict(EventParams, {"landmarks": "everywhere"}, "events")
+    with pytest.raises(ParamsError, match="events.emission"):
+        from_dict(EventParams, {"emission": "labels"}, "events")
+    with pytest.raises(ParamsError, match="events.landmark_length"):
+        from_dict(EventParams, {"landmark_length": 0}, "events")
+
+
+def test_decoding_is_fast_on_a_galar_sized_video():
+    import time
+
+    n = 400_000
+    rng = np.random.default_rng(0)
+    probs = rng.random((n, 5))
+    began = time.perf_counter()
+    path, _ = monotone_path(region_scores(probs), 10.0)
+    assert time.perf_counter() - began < 2.0
+    assert (np.diff(path) >= 0).all()
+
+
+def test_thresholds_still_decide_whether_a_region_fires():
+    n = 300
+    truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])
+    table = video(n, truth)
+    off = {**ON, "mouth": 1.01}  # switched off (as threshold tuning does for absent labels)
+    decoded = events_by_label(probs_to_submission(table, off, EventParams(**VITERBI)))
+    assert "mouth" not in decoded and decoded["esophagus"] == [(10, 29)]
+
+
+def test_runs_emission_follows_the_thresholded_decisions():
+    # Mouth is under-confident (0.35 on its frames, esophagus 0.4 there): renormalised
+    # probabilities decode it as esophagus, its own threshold (0.3) does not.
+    n = 200
+    truth = np.repeat([0, 1, 2, 3], [30, 30, 60, 80])
+    table = video(n, truth)
+    table["mouth"] = np.where(truth == 0, 0.35, 0.05).astype(np.float32)
+    table["esophagus"] = np.where(truth == 1, 0.8, np.where(truth == 0, 0.4, 0.1)).astype(np.float32)
+    thresholds = {**ON, "mouth": 0.3, "esophagus": 0.6}
+    by_probs = events_by_label(probs_to_submission(table, thresholds, EventParams(**VITERBI)))
+    assert "mouth" not in by_probs  # decoded as esophagus, and mouth's runs never overlap a mouth segment
+    by_runs = events_by_label(probs_to_submission(table, thresholds, EventParams(**VITERBI, emission="runs")))
+    assert by_runs["mouth"] == [(0, 29)] and by_runs["esophagus"] == [(30, 59)]
