@@ -18,15 +18,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vce import cli  # noqa: E402
 from vce.data import read_index  # noqa: E402
 from vce.labels import LABELS  # noqa: E402
-from vce.params import load_section  # noqa: E402
+from vce.params import load_params, load_section  # noqa: E402
 from vce.report import ReportParams, write_report  # noqa: E402
+from vce.temporal import probs_source  # noqa: E402
 from vce.timeline import join_probs  # noqa: E402
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--probs", default="data/predict/val.parquet", help="validation probabilities")
+    parser.add_argument("--probs", default=None,
+                        help="validation probabilities (default: the ones thresholds.probs selects)")
+    parser.add_argument("--predict-dir", default="data/predict")
+    parser.add_argument("--temporal-dir", default="data/temporal")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
     parser.add_argument("--thresholds", default="models/thresholds.json")
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
@@ -48,6 +52,9 @@ def _read_json(path: str, what: str) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_section(args.params, "report", ReportParams)
+    if args.probs is None:  # the probabilities the thresholds and events were made from
+        source = probs_source(load_params(args.params).get("thresholds", {}))
+        args.probs = str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
     probs, labels = join_probs(read_index(args.probs), read_index(args.frames))
     if labels is None:
         raise ValueError(f"{args.frames} has no label columns: the report needs labelled validation frames")

@@ -1,4 +1,5 @@
-"""Stage `score`: official temporal mAP@0.5 / @0.95 of the validation events.
+"""Stage `score`: official temporal mAP@0.5 / @0.95 of the validation events (and test events
+when the test ground truth is known, as for the demo).
 
 The ground truth is built from the validation labels exactly as the challenge builds its
 JSON (a new event whenever the set of active labels changes, in the index's event unit),
@@ -19,6 +20,7 @@ from vce import cli  # noqa: E402
 from vce.data import read_index  # noqa: E402
 from vce.events import labels_to_submission  # noqa: E402
 from vce.io import write_json  # noqa: E402
+from vce.params import load_params  # noqa: E402
 from vce.score import score  # noqa: E402
 from vce.timeline import labels_on_time  # noqa: E402
 
@@ -27,6 +29,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test-set events")
     parser.add_argument("--gt-out", default="data/score/val_gt.json")
     parser.add_argument("--metrics", default="metrics/score.json")
     return parser.parse_args(argv)
@@ -35,13 +39,28 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     frames = read_index(args.frames)
-    prediction = json.loads(Path(args.events).read_text())
+    prediction = read_json(args.events, "validation events")
     gt = labels_to_submission(labels_on_time(frames[frames["split"] == "val"]))
     write_json(args.gt_out, gt, indent=None)
     result = score(gt, prediction)
+    print(f"validation: mAP@0.5 = {result['map@0.5']:.4f}   mAP@0.95 = {result['map@0.95']:.4f}")
+    test_gt = load_params(args.params).get("score", {}).get("test_gt")
+    if test_gt:
+        # A held-out number: nothing upstream (training, thresholds, tuning) saw these videos.
+        test = score(read_json(test_gt, "score.test_gt"), read_json(args.test_events, "test events"))
+        result["test"] = {key: test[key] for key in ("map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95")}
+        print(f"test:       mAP@0.5 = {test['map@0.5']:.4f}   mAP@0.95 = {test['map@0.95']:.4f}")
     write_json(args.metrics, result)
-    print(f"mAP@0.5 = {result['map@0.5']:.4f}   mAP@0.95 = {result['map@0.95']:.4f}")
     return 0
+
+
+def read_json(path, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}: file not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}: {path} is not valid JSON ({err})") from None
 
 
 if __name__ == "__main__":

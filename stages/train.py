@@ -66,9 +66,7 @@ def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: Fram
 
 def live_logger(live_dir: str, history: list):
     """DVCLive logger; re-logs the history of a resumed run so the curves are whole."""
-    from dvclive import Live
-
-    live = Live(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
+    live = open_live(live_dir)
 
     def log(record: dict) -> None:
         live.log_metric("train/loss", record["train_loss"])
@@ -81,6 +79,25 @@ def live_logger(live_dir: str, history: list):
     for record in history:
         log(record)
     return live, log
+
+
+def open_live(live_dir: str):
+    """DVCLive, outside any experiment bookkeeping (DVC runs the stage; dvc.yaml declares the plots).
+
+    DVCLive inspects the git repository when it starts and fails in one without commits
+    (`git init` then `dvc repro`, which DVC itself allows): there it runs without that look.
+    """
+    from dvclive import Live
+    from scmrepo.exceptions import SCMError
+
+    class LiveWithoutGit(Live):
+        def _init_dvc(self):  # no commits yet: nothing to look at, the defaults stand
+            pass
+
+    try:
+        return Live(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
+    except SCMError:
+        return LiveWithoutGit(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
 
 
 def main(argv=None) -> int:

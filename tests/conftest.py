@@ -1,7 +1,9 @@
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -14,3 +16,68 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"shared fixtures not found at {FIXTURES} (CI lays shared/ beside the clone)")
     return FIXTURES
+
+
+def load_stage(name: str):
+    """Import stages/<name>.py as a module (stages are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_params(tmp_path) -> dict:
+    """The repository's params.yaml, scaled to seconds: 4 short videos, 2 tiny epochs."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["demo"].update(n_videos=4, frames_per_video=240, n_test_videos=1, test_frames_per_video=120)
+    params["data"].update(root=str(tmp_path / "demo" / "galar"), test_root=str(tmp_path / "demo" / "test"))
+    params["train"].update(epochs=2, batch_size=32, samples_per_epoch=256, num_workers=0, checkpoint_every=3)
+    params["predict"].update(batch_size=64, num_workers=0)
+    params["score"]["test_gt"] = str(tmp_path / "demo" / "test_ground_truth.json")
+    return params
+
+
+def stage_args(tmp_path) -> dict[str, list[str]]:
+    """Every stage's command line with all inputs and outputs under tmp_path."""
+    p = ["--params", str(tmp_path / "params.yaml")]
+    d = tmp_path
+    return {
+        "demo_data": p + ["--out", str(d / "demo")],
+        "index": p + ["--frames-out", str(d / "index/frames.parquet"), "--test-out", str(d / "index/test.parquet"),
+                      "--report", str(d / "metrics/index_report.json")],
+        "split": p + ["--index", str(d / "index/frames.parquet"), "--out", str(d / "split/frames.parquet"),
+                      "--metrics", str(d / "metrics/split.json")],
+        "cache_frames": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
+                             "--out", str(d / "cache")],
+        "prompts": p + ["--out", str(d / "models/prompt_embeddings.pt")],
+        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"), "--prompts",
+                      str(d / "models/prompt_embeddings.pt"),
+                      "--model-out", str(d / "models/model.pt"), "--state-dir", str(d / "models/train_state"),
+                      "--metrics", str(d / "metrics/train.json"), "--live-dir", str(d / "metrics/train")],
+        "predict": p + ["--model", str(d / "models/model.pt"), "--frames", str(d / "split/frames.parquet"),
+                        "--test", str(d / "index/test.parquet"), "--cache", str(d / "cache"),
+                        "--out-dir", str(d / "predict"), "--report", str(d / "metrics/predict.json")],
+        "thresholds": p + ["--probs", str(d / "predict/val.parquet"), "--frames", str(d / "split/frames.parquet"),
+                           "--out", str(d / "models/thresholds.json"), "--metrics", str(d / "metrics/thresholds.json")],
+        "events": p + ["--thresholds", str(d / "models/thresholds.json"), "--val-probs", str(d / "predict/val.parquet"),
+                       "--test-probs", str(d / "predict/test.parquet"), "--frames", str(d / "split/frames.parquet"),
+                       "--test-frames", str(d / "index/test.parquet"), "--out-dir", str(d / "events")],
+        "score": p + ["--events", str(d / "events/val.json"), "--test-events", str(d / "events/submission.json"),
+                      "--frames", str(d / "split/frames.parquet"),
+                      "--gt-out", str(d / "score/val_gt.json"), "--metrics", str(d / "metrics/score.json")],
+    }
+
+
+PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts"]
+
+
+def prepare_demo(tmp_path, **overrides) -> dict[str, list[str]]:
+    """Write tiny params (with per-section overrides) and run the stages before `train`."""
+    params = tiny_params(tmp_path)
+    for section, values in overrides.items():
+        params[section].update(values)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = stage_args(tmp_path)
+    for name in PREPARE:
+        assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
+    return args

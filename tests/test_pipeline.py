@@ -7,72 +7,23 @@ the official JSON, the score file).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
-from conftest import ROOT
+from conftest import load_stage, prepare_demo
 from vce.labels import LABELS
 from vce.score import check_submission
 
-STAGES = ["demo_data", "index", "split", "cache_frames", "prompts", "train", "predict", "thresholds", "events", "score"]
-
-
-def load_stage(name: str):
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def tiny_params(tmp_path) -> dict:
-    """The repository's params.yaml, scaled to seconds: 4 short videos, 2 tiny epochs."""
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["demo"].update(n_videos=4, frames_per_video=240, n_test_videos=1, test_frames_per_video=120)
-    params["data"].update(root=str(tmp_path / "demo" / "galar"), test_root=str(tmp_path / "demo" / "test"))
-    params["train"].update(epochs=2, batch_size=32, samples_per_epoch=256, num_workers=0, checkpoint_every=3)
-    params["predict"].update(batch_size=64, num_workers=0)
-    return params
-
-
-def stage_args(tmp_path) -> dict[str, list[str]]:
-    p = ["--params", str(tmp_path / "params.yaml")]
-    d = tmp_path
-    return {
-        "demo_data": p + ["--out", str(d / "demo")],
-        "index": p + ["--frames-out", str(d / "index/frames.parquet"), "--test-out", str(d / "index/test.parquet"),
-                      "--report", str(d / "metrics/index_report.json")],
-        "split": p + ["--index", str(d / "index/frames.parquet"), "--out", str(d / "split/frames.parquet"),
-                      "--metrics", str(d / "metrics/split.json")],
-        "cache_frames": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
-                             "--out", str(d / "cache")],
-        "prompts": p + ["--out", str(d / "models/prompt_embeddings.pt")],
-        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"), "--prompts", str(d / "models/prompt_embeddings.pt"),
-                      "--model-out", str(d / "models/model.pt"), "--state-dir", str(d / "models/train_state"),
-                      "--metrics", str(d / "metrics/train.json"), "--live-dir", str(d / "metrics/train")],
-        "predict": p + ["--model", str(d / "models/model.pt"), "--frames", str(d / "split/frames.parquet"),
-                        "--test", str(d / "index/test.parquet"), "--cache", str(d / "cache"),
-                        "--out-dir", str(d / "predict"),
-                        "--report", str(d / "metrics/predict.json")],
-        "thresholds": p + ["--probs", str(d / "predict/val.parquet"), "--frames", str(d / "split/frames.parquet"),
-                           "--out", str(d / "models/thresholds.json"), "--metrics", str(d / "metrics/thresholds.json")],
-        "events": p + ["--thresholds", str(d / "models/thresholds.json"), "--val-probs", str(d / "predict/val.parquet"),
-                       "--test-probs", str(d / "predict/test.parquet"), "--frames", str(d / "split/frames.parquet"),
-                       "--test-frames", str(d / "index/test.parquet"), "--out-dir", str(d / "events")],
-        "score": ["--events", str(d / "events/val.json"), "--frames", str(d / "split/frames.parquet"),
-                      "--gt-out", str(d / "score/val_gt.json"), "--metrics", str(d / "metrics/score.json")],
-    }
+STAGES = ["train", "predict", "thresholds", "events", "score"]
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("pipeline")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tmp_path)))
-    args = stage_args(tmp_path)
+    args = prepare_demo(tmp_path)
     for name in STAGES:
         assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
     return tmp_path
@@ -116,5 +67,7 @@ def test_score_file(pipeline):
         assert 0.0 <= result[key] <= 1.0
     val_videos = set(pd.read_parquet(pipeline / "split/frames.parquet").query("split == 'val'")["video_id"])
     assert set(result["per_video@0.5"]) == val_videos
+    test_videos = set(pd.read_parquet(pipeline / "index/test.parquet")["video_id"])
+    assert set(result["test"]["per_video@0.5"]) == test_videos
     train = json.loads((pipeline / "metrics/train.json").read_text())
     assert train["epochs"] == 2 and np.isfinite(train["best"]["val_loss"])

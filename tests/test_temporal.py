@@ -173,10 +173,12 @@ def test_thresholds_stage_reads_the_temporal_probabilities(workspace):
 def test_stage_without_embeddings(workspace):
     for path in (workspace / "predict").glob("*_embeddings.parquet"):
         path.unlink()
-    assert run_stage(workspace) == 0  # frame probabilities selected: empty outputs, disabled
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["thresholds"]["probs"] = "frame"
+    (workspace / "frame_params.yaml").write_text(yaml.safe_dump(params))
+    assert run_stage(workspace, params="frame_params.yaml") == 0  # frame probabilities selected: empty outputs
     assert json.loads((workspace / "temporal.json").read_text())["enabled"] is False
     assert pq.read_table(workspace / "temporal" / "val.parquet").num_rows == 0
-    params = yaml.safe_load((workspace / "params.yaml").read_text())
     params["thresholds"]["probs"] = "temporal"
     (workspace / "temporal_params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(ValueError, match="thresholds.probs is temporal.*predict.embeddings"):

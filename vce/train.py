@@ -223,10 +223,11 @@ class Trainer:
             return False
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
         self.cycle = tuple(state["cycle"])
         self.scheduler = self._new_schedule(*self.cycle)
         self.scheduler.load_state_dict(state["scheduler"])
+        # After the schedule: building OneCycleLR resets the groups' lr, the saved state has the real ones.
+        self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.step = state["epoch"], state["step"]
         self.history, self.best = state["history"], state["best"]
         self.epoch_losses, self.epoch_skipped = state["epoch_losses"], state["epoch_skipped"]

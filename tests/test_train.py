@@ -1,0 +1,162 @@
+"""The train stage: resume after a kill, extending epochs, DDP on CPU, checkpoints, bad params."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, prepare_demo
+from vce import checkpoint
+from vce.params import ParamsError, from_dict
+from vce.train import TrainParams
+
+# Fast, deterministic and comparable across process counts: no dropout, no mixup.
+OVERRIDES = {"train": {"epochs": 3, "mixup_alpha": 0.0, "checkpoint_every": 2}, "model": {"dropout": 0.0}}
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("train")
+    return tmp_path, prepare_demo(tmp_path, **OVERRIDES)
+
+
+def train_argv(args, out: Path) -> list[str]:
+    """The train stage's arguments with its outputs redirected under `out`."""
+    argv = list(args["train"])
+    for flag, name in (("--model-out", "model.pt"), ("--state-dir", "state"), ("--metrics", "train.json"),
+                       ("--live-dir", "live")):
+        argv[argv.index(flag) + 1] = str(out / name)
+    return argv
+
+
+def run_train(argv, env=None, nproc: int = 1) -> subprocess.Popen:
+    command = [sys.executable, str(ROOT / "stages" / "train.py"), *argv]
+    if nproc > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                   "--master_port", "29531", str(ROOT / "stages" / "train.py"), *argv]
+    return subprocess.Popen(command, env={**os.environ, "CI": "1", "OMP_NUM_THREADS": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output
+    return output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(demo):
+    tmp_path, args = demo
+    out = tmp_path / "uninterrupted"
+    finish(run_train(train_argv(args, out)))
+    return out
+
+
+def test_killed_run_resumes_to_the_same_metrics(demo, uninterrupted):
+    tmp_path, args = demo
+    out = tmp_path / "killed"
+    argv = train_argv(args, out)
+    state = out / "state" / "last.pt"
+    for kill_after_steps in (2, 6):  # kill twice, mid-epoch and after an epoch boundary
+        process = run_train(argv)
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None:
+            if state.is_file() and _saved_steps(state) >= kill_after_steps:
+                process.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        process.wait(timeout=60)
+        assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+        assert not (out / "train.json").exists(), "a killed run must not leave its metrics"
+    output = finish(run_train(argv))
+    assert "resuming from" in output
+    resumed = json.loads((out / "train.json").read_text())
+    clean = json.loads((uninterrupted / "train.json").read_text())
+    assert resumed["resumed"] and not clean["resumed"]
+    for key in ("best", "final"):
+        assert resumed[key] == clean[key]
+    resumed_model = checkpoint.load(out / "model.pt")["state_dict"]
+    clean_model = checkpoint.load(uninterrupted / "model.pt")["state_dict"]
+    assert all(torch.equal(resumed_model[k], clean_model[k]) for k in clean_model)
+    curve = pd.read_csv(out / "live/plots/metrics/val/map.tsv", sep="\t")
+    assert list(curve["step"]) == [0, 1, 2], "resumed curves hold every epoch once"
+
+
+def _saved_steps(state: Path) -> int:
+    try:
+        saved = checkpoint.load(state)
+    except Exception:  # being written right now
+        return -1
+    return saved["epoch"] * 1000 + saved["step"] if saved["epoch"] else saved["step"]
+
+
+def test_more_epochs_resume_a_finished_run(demo, uninterrupted):
+    tmp_path, args = demo
+    out = tmp_path / "extended"
+    shutil.copytree(uninterrupted, out)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["train"]["epochs"] = 4
+    extended_params = tmp_path / "params_extended.yaml"
+    extended_params.write_text(yaml.safe_dump(params))
+    argv = train_argv(args, out)
+    argv[argv.index("--params") + 1] = str(extended_params)
+    output = finish(run_train(argv))
+    assert "resuming from" in output and "epoch 4" in output
+    metrics = json.loads((out / "train.json").read_text())
+    assert metrics["epochs"] == 4 and metrics["final"]["epoch"] == 4
+
+
+def test_ddp_two_processes_match_one(demo, uninterrupted):
+    """torchrun, 2 gloo processes, each half of every batch: same result within float tolerance."""
+    tmp_path, args = demo
+    out = tmp_path / "ddp"
+    finish(run_train(train_argv(args, out), nproc=2))
+    ddp = json.loads((out / "train.json").read_text())
+    single = json.loads((uninterrupted / "train.json").read_text())
+    for key in ("train_loss", "val_loss"):
+        assert ddp["final"][key] == pytest.approx(single["final"][key], rel=1e-3)
+    assert ddp["final"]["val_map"] == pytest.approx(single["final"]["val_map"], abs=0.02)
+
+
+def test_checkpoints_load_with_weights_only(uninterrupted):
+    state = torch.load(uninterrupted / "state" / "last.pt", weights_only=True)
+    assert state["epoch"] == 3 and len(state["history"]) == 3
+    model = torch.load(uninterrupted / "model.pt", weights_only=True)
+    assert set(model) >= {"arch", "state_dict", "labels"}
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("epochs", 0, "train.epochs: must be >= 1, got 0"),
+    ("lr_head", -1.0, "train.lr_head: must be > 0"),
+    ("device", "tpu", "train.device = 'tpu': must be one of ['auto', 'cpu', 'cuda']"),
+    ("epoch", 3, "unknown key(s) in 'train': ['epoch']"),
+])
+def test_bad_train_params_name_the_key(key, value, message):
+    with pytest.raises(ParamsError) as err:
+        from_dict(TrainParams, {key: value}, "train")
+    assert message in str(err.value)
+
+
+def test_train_stage_reports_bad_params_without_traceback(demo, tmp_path):
+    demo_path, args = demo
+    params = yaml.safe_load((demo_path / "params.yaml").read_text())
+    params["train"]["epochs"] = 0
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    argv = train_argv(args, tmp_path)
+    argv[argv.index("--params") + 1] = str(tmp_path / "params.yaml")
+    process = run_train(argv)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert output.strip().splitlines()[-1] == "error: train.epochs: must be >= 1, got 0"
+    assert not (tmp_path / "model.pt").exists()
