@@ -8,7 +8,6 @@ report with the overall and per-video mAP at tIoU 0.5 and 0.95 (the challenge's 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vce import cli  # noqa: E402
 from vce.data import read_index  # noqa: E402
+from vce.io import read_json  # noqa: E402
 from vce.labels import LABELS  # noqa: E402
 from vce.params import load_params, load_section  # noqa: E402
 from vce.report import ReportParams, write_report  # noqa: E402
@@ -40,15 +40,6 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def _read_json(path: str, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} not found: {path}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{what} {path} is not valid JSON: {err}") from None
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_section(args.params, "report", ReportParams)
@@ -63,9 +54,9 @@ def main(argv=None) -> int:
         y_true=labels[valid],
         y_prob=probs[list(LABELS)].to_numpy()[valid],
         frame_times=probs[["video_id", "t"]],
-        thresholds=_read_json(args.thresholds, "thresholds")["thresholds"],
-        gt=_read_json(args.gt, "ground truth"),
-        prediction=_read_json(args.events, "validation events"),
+        thresholds=read_json(args.thresholds, "thresholds")["thresholds"],
+        gt=read_json(args.gt, "ground truth"),
+        prediction=read_json(args.events, "validation events"),
         params=params,
         plots_dir=args.plots_dir,
         report_path=args.report,

@@ -9,7 +9,6 @@ written beside the score so `python -m vce.score` can rescore any file against i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vce import cli  # noqa: E402
 from vce.data import read_index  # noqa: E402
 from vce.events import labels_to_submission  # noqa: E402
-from vce.io import write_json  # noqa: E402
+from vce.io import read_json, write_json  # noqa: E402
 from vce.params import load_params  # noqa: E402
 from vce.score import score  # noqa: E402
 from vce.timeline import labels_on_time  # noqa: E402
@@ -52,15 +51,6 @@ def main(argv=None) -> int:
         print(f"test:       mAP@0.5 = {test['map@0.5']:.4f}   mAP@0.95 = {test['map@0.95']:.4f}")
     write_json(args.metrics, result)
     return 0
-
-
-def read_json(path, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what}: file not found: {path}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{what}: {path} is not valid JSON ({err})") from None
 
 
 if __name__ == "__main__":

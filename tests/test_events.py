@@ -168,3 +168,16 @@ def test_write_xlsx_columns(tmp_path):
 def test_event_params_check_names_the_key(values, message):
     with pytest.raises(ParamsError, match=message.replace("(", r"\(")):
         from_dict(EventParams, values, "events")
+
+
+def test_xlsx_bytes_repeat_for_the_same_events(tmp_path):
+    """Same events, same bytes: the DVC hash of the events folder only changes with the events."""
+    import time
+
+    from vce.events import write_xlsx
+
+    sub = {"videos": [{"video_id": "1", "events": [{"start": 1, "end": 4, "label": ["blood", "colon"]}]}]}
+    write_xlsx(sub, tmp_path / "a.xlsx")
+    time.sleep(1.1)
+    write_xlsx(sub, tmp_path / "b.xlsx")
+    assert (tmp_path / "a.xlsx").read_bytes() == (tmp_path / "b.xlsx").read_bytes()

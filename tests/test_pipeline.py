@@ -17,7 +17,7 @@ from conftest import load_stage, prepare_demo
 from vce.labels import LABELS
 from vce.score import check_submission
 
-STAGES = ["train", "predict", "thresholds", "events", "score"]
+STAGES = ["train", "predict", "temporal", "thresholds", "events", "score", "report"]
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,34 @@ def test_score_file(pipeline):
     assert set(result["test"]["per_video@0.5"]) == test_videos
     train = json.loads((pipeline / "metrics/train.json").read_text())
     assert train["epochs"] == 2 and np.isfinite(train["best"]["val_loss"])
+
+
+def test_temporal_probabilities_feed_thresholds_and_report(pipeline):
+    thresholds = json.loads((pipeline / "models/thresholds.json").read_text())
+    assert thresholds["probs"] == "temporal" and thresholds["method"] == "map"
+    temporal = pd.read_parquet(pipeline / "temporal/val.parquet")
+    assert list(temporal.columns) == ["video_id", "frame", *LABELS, "valid"]
+    report = (pipeline / "metrics/report.md").read_text()
+    score = json.loads((pipeline / "metrics/score.json").read_text())
+    assert f"{score['map@0.5']:.4f}" in report
+    assert list((pipeline / "plots/timelines").glob("*.png"))
+
+
+def test_two_runs_from_scratch_give_identical_results(pipeline, tmp_path):
+    """Determinism: the same params on a fresh directory reproduce every number."""
+    args = prepare_demo(tmp_path)
+    for name in STAGES:
+        assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
+    for metrics in ("score.json", "train.json", "thresholds.json", "temporal.json"):
+        first = without_timings(json.loads((pipeline / "metrics" / metrics).read_text()))
+        second = without_timings(json.loads((tmp_path / "metrics" / metrics).read_text()))
+        assert first == second, metrics
+    assert pd.read_parquet(pipeline / "predict/val.parquet").equals(pd.read_parquet(tmp_path / "predict/val.parquet"))
+    assert (pipeline / "events/submission.json").read_text() == (tmp_path / "events/submission.json").read_text()
+
+
+def without_timings(value):
+    """The metrics without wall-clock fields (`seconds`, `train_seconds`…), which no run repeats."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if "seconds" not in k}
+    return value

@@ -1,5 +1,4 @@
 import json
-import shutil
 import sys
 from pathlib import Path
 

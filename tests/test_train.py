@@ -160,3 +160,20 @@ def test_train_stage_reports_bad_params_without_traceback(demo, tmp_path):
     assert process.returncode == 2
     assert output.strip().splitlines()[-1] == "error: train.epochs: must be >= 1, got 0"
     assert not (tmp_path / "model.pt").exists()
+
+
+def test_fewer_epochs_than_the_saved_run_start_fresh(demo, uninterrupted):
+    """`dvc exp run -S train.epochs=1` after a 3-epoch run trains 1 epoch, not reuse the 3."""
+    tmp_path, args = demo
+    out = tmp_path / "fewer"
+    shutil.copytree(uninterrupted, out)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["train"]["epochs"] = 1
+    fewer_params = tmp_path / "params_fewer.yaml"
+    fewer_params.write_text(yaml.safe_dump(params))
+    argv = train_argv(args, out)
+    argv[argv.index("--params") + 1] = str(fewer_params)
+    output = finish(run_train(argv))
+    assert "train.epochs is 1" in output
+    metrics = json.loads((out / "train.json").read_text())
+    assert metrics["epochs"] == 1 and not metrics["resumed"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,16 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def read_json(path, what: str):
+    """Load a JSON file; a missing or malformed one is an error naming `what` and the path."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what}: file not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}: {path} is not valid JSON ({err})") from None
+
+
 def write_json(path, obj, indent: int | None = 2) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "w") as f:
@@ -47,3 +58,14 @@ def write_parquet(path, frame, **kwargs) -> None:
     """Write a pandas DataFrame to Parquet atomically (deterministic bytes for equal data)."""
     with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False, **kwargs)
+
+
+def safe_file_name(name: str) -> str:
+    """A single, harmless file name for a value read from data (e.g. a video id).
+
+    Video ids come from folder names and JSON files a user may not have written: anything
+    but letters, digits, '.', '_' and '-' becomes '_', so no id can climb out of the output
+    folder ('../x') or name a special entry ('.', '..').
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", str(name))
+    return cleaned if cleaned not in ("", ".", "..") else f"_{cleaned}"

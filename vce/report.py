@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from vce.frame_metrics import frame_metrics
-from vce.io import atomic_path, write_text
+from vce.io import atomic_path, safe_file_name, write_text
 from vce.labels import LABELS
 from vce.params import require
 from vce.plots import label_slug, per_class_table, plot_timeline, pr_curves, roc_curves, video_events
@@ -177,7 +177,7 @@ def write_report(
         raise ValueError(f"report.videos: {unknown} are not validation videos; they are {sorted(ranges)}")
     timelines = {}
     for video_id in chosen:
-        path = plots_dir / "timelines" / f"{video_id}.png"
+        path = plots_dir / "timelines" / f"{safe_file_name(video_id)}.png"
         map_05 = {str(v): m for v, m in score_result["per_video@0.5"].items()}.get(video_id)
         map_095 = {str(v): m for v, m in score_result["per_video@0.95"].items()}.get(video_id)
         title = f"video {video_id}: mAP@0.5 = {_number(map_05)}, mAP@0.95 = {_number(map_095)}"

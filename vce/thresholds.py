@@ -253,7 +253,6 @@ def tune_on_map(
         "start": start,
         "best": best,
         "evaluations": evaluate.evaluations,
-        "seconds": round(time.perf_counter() - began, 2),
         "labels_off": [label for label in LABELS if thresholds[label] > 1.0],
         "event_params": dataclasses.asdict(event_params),
         "steps": steps,

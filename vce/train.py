@@ -221,6 +221,9 @@ class Trainer:
         if state["fingerprint"] != self.fingerprint:
             print(f"ignoring {self.state_path}: written by a run with other data or params")
             return False
+        if state["epoch"] > self.params.epochs:
+            print(f"ignoring {self.state_path}: it has {state['epoch']} epochs, train.epochs is {self.params.epochs}")
+            return False
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
         self.cycle = tuple(state["cycle"])
