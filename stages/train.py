@@ -134,8 +134,9 @@ def main(argv=None) -> int:
         Path(args.model_out).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(best_path, f"{args.model_out}.tmp")
         Path(f"{args.model_out}.tmp").replace(args.model_out)
+        # Whether it resumed is printed, not written: a resumed run's metrics equal a clean run's.
         write_json(args.metrics, {"best": result["best"], "final": result["history"][-1],
-                                  "epochs": len(result["history"]), "resumed": resumed})
+                                  "epochs": len(result["history"])})
     return 0
 
 
