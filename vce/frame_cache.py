@@ -18,6 +18,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -36,7 +37,7 @@ class CacheParams:
     size: int = 256
     splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
     num_workers: int = 2
-    decoder: str = "opencv"
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
     interpolation: str = "area"
 
     def check(self, section: str) -> None:

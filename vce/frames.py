@@ -60,7 +60,11 @@ def _decode_torchvision(data: np.ndarray):
 
 
 def _decode_pyspng(data: np.ndarray):
-    import pyspng
+    try:
+        import pyspng
+    except ImportError:
+        raise ValueError("decoder 'pyspng' is not installed: pip install pyspng, "
+                         "or set the decoder key of train/predict/cache to opencv") from None
 
     try:
         image = pyspng.load(data.tobytes())

@@ -40,7 +40,7 @@ class PredictParams:
     bf16: bool = True
     compile: bool = False
     row_group_frames: int = 65536
-    decoder: Literal["opencv", "pil", "torchvision", "pyspng"] = "opencv"
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
 
     def check(self, section: str) -> None:
         require(self.batch_size >= 1, f"{section}.batch_size", "must be >= 1")

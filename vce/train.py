@@ -45,7 +45,7 @@ class TrainParams:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     bf16: bool = True
     compile: bool = False
-    decoder: Literal["opencv", "pil", "torchvision", "pyspng"] = "opencv"
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
     augment: AugmentParams = field(default_factory=AugmentParams)
 
     def check(self, section: str) -> None:
