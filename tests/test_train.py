@@ -100,17 +100,21 @@ def _saved_steps(state: Path) -> int:
     return saved["epoch"] * 1000 + saved["step"] if saved["epoch"] else saved["step"]
 
 
-def test_more_epochs_resume_a_finished_run(demo, uninterrupted):
+def rerun_with_epochs(demo, uninterrupted, name: str, epochs: int) -> tuple[Path, str]:
+    """Copy the finished 3-epoch run's outputs and state, then train again with `epochs`."""
     tmp_path, args = demo
-    out = tmp_path / "extended"
+    out = tmp_path / name
     shutil.copytree(uninterrupted, out)
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    params["train"]["epochs"] = 4
-    extended_params = tmp_path / "params_extended.yaml"
-    extended_params.write_text(yaml.safe_dump(params))
+    params["train"]["epochs"] = epochs
+    (out / "params.yaml").write_text(yaml.safe_dump(params))
     argv = train_argv(args, out)
-    argv[argv.index("--params") + 1] = str(extended_params)
-    output = finish(run_train(argv))
+    argv[argv.index("--params") + 1] = str(out / "params.yaml")
+    return out, finish(run_train(argv))
+
+
+def test_more_epochs_resume_a_finished_run(demo, uninterrupted):
+    out, output = rerun_with_epochs(demo, uninterrupted, "extended", 4)
     assert "resuming from" in output and "epoch 4" in output
     metrics = json.loads((out / "train.json").read_text())
     assert metrics["epochs"] == 4 and metrics["final"]["epoch"] == 4
@@ -163,16 +167,7 @@ def test_train_stage_reports_bad_params_without_traceback(demo, tmp_path):
 
 def test_fewer_epochs_than_the_saved_run_start_fresh(demo, uninterrupted):
     """`dvc exp run -S train.epochs=1` after a 3-epoch run trains 1 epoch, not reuse the 3."""
-    tmp_path, args = demo
-    out = tmp_path / "fewer"
-    shutil.copytree(uninterrupted, out)
-    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    params["train"]["epochs"] = 1
-    fewer_params = tmp_path / "params_fewer.yaml"
-    fewer_params.write_text(yaml.safe_dump(params))
-    argv = train_argv(args, out)
-    argv[argv.index("--params") + 1] = str(fewer_params)
-    output = finish(run_train(argv))
+    out, output = rerun_with_epochs(demo, uninterrupted, "fewer", 1)
     assert "train.epochs is 1" in output
     metrics = json.loads((out / "train.json").read_text())
     assert metrics["epochs"] == 1 and "resuming from" not in output
