@@ -20,6 +20,9 @@ predicted videos absent from the ground truth are ignored.
 
 from __future__ import annotations
 
+import copy
+import random
+
 from vce.labels import LABELS
 
 THRESHOLDS = (0.5, 0.95)
@@ -86,3 +89,18 @@ def score_reference(gt: dict, pred: dict) -> dict:
             label: (sum(v) / len(v) if v else 0.0) for label, v in per_label.items()
         }
     return result
+
+
+def shifted_submission(gt: dict, seed: int, shuffle: bool = False) -> dict:
+    """`gt` with every event moved by -2, -1, +1 or +2 frames (optionally reordered per video):
+    a realistic, imperfect prediction for comparing scorers on real timelines."""
+    rng = random.Random(seed)
+    pred = copy.deepcopy(gt)
+    for video in pred["videos"]:
+        for event in video["events"]:
+            shift = rng.choice([-2, -1, 1, 2])
+            event["start"] += shift
+            event["end"] += shift
+        if shuffle:
+            rng.shuffle(video["events"])
+    return pred

@@ -38,6 +38,7 @@ import torch.nn as nn
 from vce.labels import LABELS, NUM_LABELS
 from vce.losses import LossParams, asymmetric_loss
 from vce.params import require
+from vce.timeline import match_frames
 
 PROBS_SOURCES = ("frame", "temporal")
 
@@ -123,13 +124,7 @@ def align(frames: pd.DataFrame, other: pd.DataFrame, columns: list[str], where: 
     """`other`'s `columns` for each (video_id, frame) row of `frames`; every row must match."""
     keys = frames[["video_id", "frame"]].astype({"video_id": str})
     right = other[["video_id", "frame", *columns]].astype({"video_id": str})
-    joined = keys.merge(right, on=["video_id", "frame"], how="left", validate="one_to_one", indicator=True)
-    missing = joined["_merge"] != "both"
-    if missing.any():
-        row = joined[missing].iloc[0]
-        raise ValueError(f"{int(missing.sum())} embedding row(s) have no match in {where}, "
-                         f"e.g. video {row['video_id']} frame {row['frame']}: rerun predict")
-    return joined[columns]
+    return match_frames(keys, right, f"embedding row(s) have no match in {where}")[columns]
 
 
 # ----------------------------------------------------------------------------- model

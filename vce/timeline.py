@@ -28,6 +28,21 @@ def labels_on_time(frames: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["video_id", "t"], kind="stable").reset_index(drop=True)
 
 
+def match_frames(left: pd.DataFrame, right: pd.DataFrame, what: str) -> pd.DataFrame:
+    """`left` joined to `right` on (video_id, frame); every left row must find exactly one match.
+
+    A mismatch means the two files come from different runs: the error names `what` and the
+    first missing frame.
+    """
+    joined = left.merge(right, on=["video_id", "frame"], how="left", validate="one_to_one", indicator=True)
+    missing = joined["_merge"] != "both"
+    if missing.any():
+        row = joined[missing].iloc[0]
+        raise ValueError(f"{int(missing.sum())} {what}, e.g. video {row['video_id']} frame {row['frame']}: "
+                         "rerun predict")
+    return joined.drop(columns="_merge")
+
+
 def join_probs(probs: pd.DataFrame, frames: pd.DataFrame):
     """Probabilities with their event time `t`, and the aligned (N, 17) labels if the index has them.
 
@@ -39,13 +54,8 @@ def join_probs(probs: pd.DataFrame, frames: pd.DataFrame):
     index_rows["t"] = event_time(frames)
     if has_labels:
         index_rows[[f"true:{label}" for label in LABELS]] = frames[list(LABELS)].to_numpy()
-    joined = probs.merge(index_rows, on=["video_id", "frame"], how="left", validate="one_to_one", indicator=True)
-    missing = joined["_merge"] != "both"
-    if missing.any():
-        row = joined[missing].iloc[0]
-        raise ValueError(f"{int(missing.sum())} predicted frame(s) are not in the frame index, "
-                         f"e.g. video {row['video_id']} frame {row['frame']}: rerun predict")
-    joined = joined.drop(columns="_merge").sort_values(["video_id", "t"], kind="stable").reset_index(drop=True)
+    joined = match_frames(probs, index_rows, "predicted frame(s) are not in the frame index")
+    joined = joined.sort_values(["video_id", "t"], kind="stable").reset_index(drop=True)
     if "valid" not in joined.columns:
         joined["valid"] = True
     truth_columns = [f"true:{label}" for label in LABELS]
