@@ -5,7 +5,7 @@ noisy probabilities (truth * 0.6 + uniform noise * 0.7, seeded), so events are r
 number. Prints one JSON object with the seconds of `probs_to_submission` (best of `--repeats`)
 for the default parameters and for the seed's recipe, and the event counts.
 
-Run: python bench/events.py   (about 30 s on 2 cores)
+Run: python -m bench.events   (about 30 s on 2 cores)
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.simulate import frame_labels_from_events
+from vce.core.labels import LABELS
+from vce.post.events import EventParams, probs_to_submission
 
-from simulate import frame_labels_from_events  # noqa: E402
-from vce.events import EventParams, probs_to_submission  # noqa: E402
-from vce.labels import LABELS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "galar_gt_events.json"
 

@@ -13,9 +13,9 @@ out=${OUT:-bench_out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" 2>&1
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)" >> "$out/gpu.txt"
-timeout ${PREDICT_S:-110} python3 bench/predict.py --stills "$stills" --compile --frames ${FRAMES:-12000} \
+timeout ${PREDICT_S:-110} python -m bench.predict --stills "$stills" --compile --frames ${FRAMES:-12000} \
   --decode-frames 6000 --decoders opencv pyspng > "$out/predict.json" 2> "$out/predict.err"
-timeout ${TRAIN_S:-80} python3 bench/train.py --stills "$stills" --compile --frames 8000 --steps 25 \
+timeout ${TRAIN_S:-80} python -m bench.train --stills "$stills" --compile --frames 8000 --steps 25 \
   > "$out/train_compiled.json" 2> "$out/train_compiled.err"
 cat "$out/gpu.txt" "$out"/*.json
 for f in "$out"/*.err; do echo "== $f"; tail -n 3 "$f"; done

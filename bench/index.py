@@ -1,6 +1,6 @@
 """Scale benchmark of the `index` stage: a Galar-layout tree of 500,000 tiny frames, 80 CSVs.
 
-    python bench/index.py [--frames 500000] [--videos 80] [--tree /tmp/vce_bench_galar]
+    python -m bench.index [--frames 500000] [--videos 80] [--tree /tmp/vce_bench_galar]
 
 Builds the tree once (reused while its size matches), then runs the real stage entry point in a
 child process three times: PNG end check on with the frames' data evicted from the page cache
@@ -25,11 +25,10 @@ import cv2
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from vce.core.labels import LABELS
+from vce.demo.generate import EXTRA_COLUMNS
 
-from vce.demo import EXTRA_COLUMNS  # noqa: E402
-from vce.labels import LABELS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # A valid 1x1 PNG (about 70 bytes): the index never decodes it, but it ends with IEND.
 TINY_PNG = cv2.imencode(".png", np.zeros((1, 1, 3), np.uint8))[1].tobytes()
@@ -78,7 +77,6 @@ def run_stage(tree: Path, check_end: bool, work: Path) -> dict:
         f"  max_missing_fraction: 0.01\n  report_examples: 20\n")
     script = (
         "import resource, sys, time\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
         "start = time.perf_counter()\n"
         "from stages.index import main\n"
         f"rc = main(['--params', {str(params)!r}, '--frames-out', {str(work / 'f.parquet')!r},"
@@ -87,7 +85,7 @@ def run_stage(tree: Path, check_end: bool, work: Path) -> dict:
         "print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
         "sys.exit(rc)\n")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"stage failed: {done.stderr}")

@@ -1,7 +1,7 @@
 """Forward (and optionally training-step) speed of the full ViT-B/16 frame model, plain vs differential.
 
-    python bench/model.py                      # CUDA: batch 256 bf16; CPU: batch 4 fp32
-    python bench/model.py --compile --train    # also torch.compile'd forward, eager training step
+    python -m bench.model                      # CUDA: batch 256 bf16; CPU: batch 4 fp32
+    python -m bench.model --compile --train    # also torch.compile'd forward, eager training step
 
 Builds `model.source = random` (BiomedCLIP's image tower: timm vit_base_patch16_224 + projection
 to 512, random init, no network) through vce.model.create_model with the same heads as
@@ -24,16 +24,13 @@ import json
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce.labels import NUM_LABELS  # noqa: E402
-from vce.clip_source import resolve_source  # noqa: E402
-from vce.model import ModelParams, create_model  # noqa: E402
+from vce.core.labels import NUM_LABELS
+from vce.model.clip_source import resolve_source
+from vce.model.frame_model import ModelParams, create_model
 
 
 def parse_args(argv):

@@ -10,8 +10,8 @@ flipped, rotated, with sensor-like noise), then prints one JSON object with:
 - with the decoded-frame cache: the one-off cache build (a decode pass) and a later
   predict pass reading the cache instead of PNGs.
 
-    python bench/predict.py                       # GPU box: full ViT-B/16 (model.source=random)
-    python bench/predict.py --frames 2000 --source tiny --batch 64   # 2-core CPU
+    python -m bench.predict                       # GPU box: full ViT-B/16 (model.source=random)
+    python -m bench.predict --frames 2000 --source tiny --batch 64   # 2-core CPU
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vce.data.frame_cache import CacheParams, FrameCache, build_cache
+from vce.data.frames import available_decoders, decode_frame
+from vce.infer.predict import PredictParams, predict_frames
+from vce.model.frame_model import ModelParams, create_model
 
-from vce.frame_cache import CacheParams, FrameCache, build_cache  # noqa: E402
-from vce.frames import available_decoders, decode_frame  # noqa: E402
-from vce.model import ModelParams, create_model  # noqa: E402
-from vce.predict import PredictParams, predict_frames  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STILLS = ROOT.parent / "shared" / "fixtures" / "wcebleedgen" / "frames"
 

@@ -5,7 +5,7 @@ with every event shifted by 1 or 2 frames either way (seeded). Prints one JSON o
 of each scorer (fast: best of `--repeats`, checks included), the speed-up, and whether every
 number (overall, per video, per label, both thresholds) agrees to 1e-12.
 
-Run: python bench/score.py   (about 10 s on 2 cores, most of it the reference)
+Run: python -m bench.score   (about 10 s on 2 cores, most of it the reference)
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vce.eval.score import score
+from vce.eval.score_reference import score_reference, shifted_submission
 
-from vce.score import score  # noqa: E402
-from vce.score_reference import score_reference, shifted_submission  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "galar_gt_events.json"
 

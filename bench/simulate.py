@@ -23,7 +23,7 @@ events, no presence decision), the seed's events kept only for labels truly pres
 then the last two again with anatomy-consistent decoding (`events.anatomy: viterbi`: regions as
 one monotone path per video, landmarks only near its boundaries), tuned by the same search.
 
-Run: python bench/simulate.py [--rho 0.9] [--seed 0]   (about 4-7 minutes on 2 cores)
+Run: python -m bench.simulate [--rho 0.9] [--seed 0]   (about 4-7 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -41,13 +41,16 @@ from scipy.signal import lfilter
 from scipy.special import expit
 from scipy.stats import norm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vce.core.labels import LABEL_INDEX, LABELS
+from vce.eval.score import score
+from vce.post.events import EventParams, probs_to_submission
+from vce.post.thresholds import (
+    ThresholdParams,
+    f1_thresholds,
+    tune_on_map,
+)
 
-from vce.events import EventParams, probs_to_submission  # noqa: E402
-from vce.labels import LABEL_INDEX, LABELS  # noqa: E402
-from vce.score import score  # noqa: E402
-from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "galar_gt_events.json"
 
@@ -97,12 +100,12 @@ def restrict(sub: dict, video_ids: set) -> dict:
 
 def present_only(sub: dict, gt: dict) -> dict:
     """Drop every event label that the video's ground truth does not hold (oracle presence)."""
-    present = {v["video_id"]: {l for e in v["events"] for l in e["label"]} for v in gt["videos"]}
+    present = {v["video_id"]: {name for e in v["events"] for name in e["label"]} for v in gt["videos"]}
     videos = []
     for video in sub["videos"]:
         events = []
         for event in video["events"]:
-            labels = [l for l in event["label"] if l in present[video["video_id"]]]
+            labels = [name for name in event["label"] if name in present[video["video_id"]]]
             if labels:
                 events.append({**event, "label": labels})
         videos.append({"video_id": video["video_id"], "events": events})

@@ -8,8 +8,8 @@ AdamW over the model's param groups, OneCycle, EMA update) on:
   EpochSampler, DataLoader workers on every core.
 Prints one JSON object.
 
-    python bench/train.py                          # GPU box: model.source=random (ViT-B/16)
-    python bench/train.py --source tiny --batch 64 --frames 2000 --steps 20   # 2-core CPU
+    python -m bench.train                          # GPU box: model.source=random (ViT-B/16)
+    python -m bench.train --source tiny --batch 64 --frames 2000 --steps 20   # 2-core CPU
 """
 
 from __future__ import annotations
@@ -27,15 +27,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from vce.core.labels import NUM_LABELS
+from vce.data.dataset import (
+    eval_transform,
+    rarest_label_weights,
+    train_transform,
+)
+from vce.data.frame_cache import CachedFrameDataset, FrameCache
+from vce.model.frame_model import ModelParams, create_model
+from vce.train.losses import LossParams, VCELoss
+from vce.train.trainer import Trainer, TrainParams
 
-from vce.data import rarest_label_weights, train_transform, eval_transform  # noqa: E402
-from vce.frame_cache import CachedFrameDataset, FrameCache  # noqa: E402
-from vce.labels import NUM_LABELS  # noqa: E402
-from vce.losses import LossParams, VCELoss  # noqa: E402
-from vce.model import ModelParams, create_model  # noqa: E402
-from vce.train import TrainParams, Trainer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STILLS = ROOT.parent / "shared" / "fixtures" / "wcebleedgen" / "frames"
 
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
 
         # 3. the loader alone (its ceiling)
         start = time.perf_counter()
-        for i in range(args.steps):
+        for _ in range(args.steps):
             next(batches)
         loader_only_fps = args.steps * args.batch / (time.perf_counter() - start)
 

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pandas as pd
 
-import pandas as pd  # noqa: E402
-
-from vce import cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.frame_cache import CacheParams, build_cache, write_disabled  # noqa: E402
-from vce.index import DataParams  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import read_index
+from vce.core.params import from_dict, load_params
+from vce.data.frame_cache import CacheParams, build_cache, write_disabled
+from vce.data.index import DataParams
 
 
 def parse_args(argv):
@@ -32,6 +28,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -53,4 +50,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

@@ -15,22 +15,18 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vce.core import runner
+from vce.core.params import load_section
+from vce.demo.generate import DemoParams, generate
 
-from vce.demo import DemoParams, generate  # noqa: E402
-from vce.params import load_section  # noqa: E402
 
-
+@runner.stage
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default="data/demo")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_section(args.params, "demo", DemoParams)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    cfg = load_section(args.params, "demo", DemoParams)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

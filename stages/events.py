@@ -14,18 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.events import EventParams, probs_to_submission, write_xlsx  # noqa: E402
-from vce.io import write_json  # noqa: E402
-from vce.labels import check_labels  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
-from vce.score import check_submission  # noqa: E402
-from vce.temporal import probs_source  # noqa: E402
-from vce.timeline import join_probs  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import probs_source, read_index
+from vce.core.errors import DataError
+from vce.core.io import write_json
+from vce.core.labels import check_labels
+from vce.core.params import from_dict, load_params
+from vce.eval.score import check_submission
+from vce.post.events import EventParams, probs_to_submission, write_xlsx
+from vce.post.timeline import join_probs
 
 
 def parse_args(argv):
@@ -52,10 +49,11 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
     for label, value in thresholds.items():
         # Above 1 means "never fires" (labels without validation positives).
         if not isinstance(value, (int, float)) or value < 0.0:
-            raise ValueError(f"{path}: threshold of '{label}' is {value!r}, must be a number >= 0")
+            raise DataError(f"{path}: threshold of '{label}' is {value!r}, must be a number >= 0")
     return thresholds, saved.get("events")
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -80,4 +78,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

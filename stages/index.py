@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce.index import DataParams, build_index  # noqa: E402
-from vce.io import write_json, write_parquet  # noqa: E402
-from vce.params import load_section  # noqa: E402
+from vce.core import runner
+from vce.core.io import write_json, write_parquet
+from vce.core.params import load_section
+from vce.data.index import DataParams, build_index
 
 
+@runner.stage
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -28,12 +27,8 @@ def main(argv=None) -> int:
     parser.add_argument("--test-out", default="data/index/test.parquet")
     parser.add_argument("--report", default="metrics/index_report.json")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_section(args.params, "data", DataParams)
-        frames, test, report = build_index(cfg)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    cfg = load_section(args.params, "data", DataParams)
+    frames, test, report = build_index(cfg)
     for line in report.summary_lines():
         print(line, file=sys.stderr)
     write_parquet(args.frames_out, frames)

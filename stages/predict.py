@@ -11,17 +11,16 @@ import argparse
 import sys
 from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import checkpoint, cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.frame_cache import FrameCache  # noqa: E402
-from vce.index import DataParams  # noqa: E402
-from vce.io import write_json  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
-from vce.predict import PredictParams, predict_sharded  # noqa: E402
-from vce.train import resolve_device, setup_distributed  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import read_index
+from vce.core.errors import DataError
+from vce.core.io import write_json
+from vce.core.params import from_dict, load_params
+from vce.data.frame_cache import FrameCache
+from vce.data.index import DataParams
+from vce.infer.predict import PredictParams, predict_sharded
+from vce.model import checkpoint
+from vce.model.device import resolve_device, setup_distributed
 
 
 def parse_args(argv):
@@ -36,6 +35,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     report = {}
     for split, rows, root in jobs:
         if len(rows) and root is None:
-            raise ValueError(f"{args.test} has frames but data.test_root is null")
+            raise DataError(f"{args.test} has frames but data.test_root is null")
         embeddings = out / f"{split}_embeddings.parquet" if predict_params.embeddings else None
         report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
                                         device, embeddings, desc=f"predict {split}", cache=cache)
@@ -66,4 +66,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

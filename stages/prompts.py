@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import cli  # noqa: E402
-from vce.model import ModelParams  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
-from vce.prompts import PromptParams, compute_prompt_embeddings, save_prompt_embeddings  # noqa: E402
+from vce.core import runner
+from vce.core.params import from_dict, load_params
+from vce.model.frame_model import ModelParams
+from vce.model.prompts import (
+    PromptParams,
+    compute_prompt_embeddings,
+    save_prompt_embeddings,
+)
 
 
 def parse_args(argv):
@@ -28,6 +28,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -41,4 +42,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

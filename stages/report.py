@@ -11,17 +11,14 @@ import argparse
 import sys
 from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.io import read_json  # noqa: E402
-from vce.labels import LABELS  # noqa: E402
-from vce.params import load_params, load_section  # noqa: E402
-from vce.report import ReportParams, write_report  # noqa: E402
-from vce.temporal import probs_source  # noqa: E402
-from vce.timeline import join_probs  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import probs_source, read_index
+from vce.core.errors import DataError
+from vce.core.io import read_json
+from vce.core.labels import LABELS
+from vce.core.params import load_params, load_section
+from vce.eval.report import ReportParams, write_report
+from vce.post.timeline import join_probs
 
 
 def parse_args(argv):
@@ -40,6 +37,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_section(args.params, "report", ReportParams)
@@ -48,7 +46,7 @@ def main(argv=None) -> int:
         args.probs = str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
     probs, labels = join_probs(read_index(args.probs), read_index(args.frames))
     if labels is None:
-        raise ValueError(f"{args.frames} has no label columns: the report needs labelled validation frames")
+        raise DataError(f"{args.frames} has no label columns: the report needs labelled validation frames")
     valid = probs["valid"].to_numpy()
     result = write_report(
         y_true=labels[valid],
@@ -66,4 +64,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

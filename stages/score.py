@@ -3,25 +3,21 @@ when the test ground truth is known, as for the demo).
 
 The ground truth is built from the validation labels exactly as the challenge builds its
 JSON (a new event whenever the set of active labels changes, in the index's event unit),
-written beside the score so `python -m vce.score` can rescore any file against it.
+written beside the score so `python -m vce.eval.score` can rescore any file against it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.events import labels_to_submission  # noqa: E402
-from vce.io import read_json, write_json  # noqa: E402
-from vce.params import load_params  # noqa: E402
-from vce.score import score  # noqa: E402
-from vce.timeline import labels_on_time  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import read_index
+from vce.core.io import read_json, write_json
+from vce.core.params import load_params
+from vce.eval.score import score
+from vce.post.events import labels_to_submission
+from vce.post.timeline import labels_on_time
 
 
 def parse_args(argv):
@@ -35,6 +31,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     frames = read_index(args.frames)
@@ -54,4 +51,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

@@ -13,15 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pandas as pd
 
-import pandas as pd  # noqa: E402
+from vce.core import runner
+from vce.core.errors import DataError
+from vce.core.io import write_json, write_parquet
+from vce.core.params import load_section
+from vce.data.split import SplitParams, split_frames
 
-from vce.io import write_json, write_parquet  # noqa: E402
-from vce.params import load_section  # noqa: E402
-from vce.split import SplitParams, split_frames  # noqa: E402
 
-
+@runner.stage
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -29,14 +30,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="data/split/frames.parquet")
     parser.add_argument("--metrics", default="metrics/split.json")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_section(args.params, "split", SplitParams)
-        if not Path(args.index).is_file():
-            raise ValueError(f"frame index not found: {args.index} (run the index stage first)")
-        frames, summary = split_frames(pd.read_parquet(args.index), cfg)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    cfg = load_section(args.params, "split", SplitParams)
+    if not Path(args.index).is_file():
+        raise DataError(f"frame index not found: {args.index} (run the index stage first)")
+    frames, summary = split_frames(pd.read_parquet(args.index), cfg)
     write_parquet(args.out, frames)
     write_json(args.metrics, summary)
     print(f"split {sum(summary['n_videos'].values())} videos: {summary['n_videos']['train']} "

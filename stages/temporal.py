@@ -18,24 +18,27 @@ import sys
 import time
 from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from vce import cli  # noqa: E402
-from vce.data import label_matrix, read_index  # noqa: E402
-from vce.frame_metrics import frame_metrics  # noqa: E402
-from vce.io import atomic_path, write_json  # noqa: E402
-from vce.labels import LABELS  # noqa: E402
-from vce.losses import LossParams  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
-from vce.predict import probs_schema  # noqa: E402
-from vce.temporal import (  # noqa: E402
-    TemporalParams, align, build_sequences, probs_frame, probs_source, read_embeddings, refine,
-    resolve_device, train_temporal,
+from vce.core import runner
+from vce.core.contracts import label_matrix, probs_schema, probs_source, read_index
+from vce.core.errors import DataError
+from vce.core.io import atomic_path, write_json
+from vce.core.labels import LABELS
+from vce.core.params import from_dict, load_params
+from vce.eval.frame_metrics import frame_metrics
+from vce.infer.temporal import (
+    TemporalParams,
+    align,
+    build_sequences,
+    probs_frame,
+    read_embeddings,
+    refine,
+    train_temporal,
 )
+from vce.model.device import resolve_device
+from vce.train.losses import LossParams
 
 SPLITS = ("train", "val", "test")
 
@@ -69,6 +72,7 @@ def load_split(predict_dir: Path, split: str, labelled_frames):
     return build_sequences(frames, embeddings, valid, labels)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
         reason = (f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true "
                   "and add train to predict.splits")
         if source == "temporal":
-            raise ValueError(f"thresholds.probs is temporal but there are {reason}")
+            raise DataError(f"thresholds.probs is temporal but there are {reason}")
         for name in ("val", "test"):
             write_probs(out / f"{name}.parquet", probs_schema().empty_table().to_pandas())
         write_json(args.metrics, {"enabled": False, "reason": reason})
@@ -118,4 +122,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

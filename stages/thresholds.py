@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dataclasses import asdict  # noqa: E402
-
-from vce import cli  # noqa: E402
-from vce.data import read_index  # noqa: E402
-from vce.events import EventParams, labels_to_submission  # noqa: E402
-from vce.frame_metrics import frame_metrics  # noqa: E402
-from vce.io import write_json  # noqa: E402
-from vce.labels import LABELS  # noqa: E402
-from vce.params import from_dict, load_params  # noqa: E402
-from vce.temporal import probs_source  # noqa: E402
-from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map  # noqa: E402
-from vce.timeline import join_probs, labels_on_time  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import probs_source, read_index
+from vce.core.errors import DataError
+from vce.core.io import write_json
+from vce.core.labels import LABELS
+from vce.core.params import from_dict, load_params
+from vce.eval.frame_metrics import frame_metrics
+from vce.post.events import EventParams, labels_to_submission
+from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+from vce.post.timeline import join_probs, labels_on_time
 
 
 def parse_args(argv):
@@ -42,6 +38,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -54,9 +51,9 @@ def main(argv=None) -> int:
     probs_path = args.probs or str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
     probs, labels = join_probs(read_index(probs_path), frames)
     if len(probs) == 0:
-        raise ValueError(f"{probs_path} has no frames (thresholds.probs: {source})")
+        raise DataError(f"{probs_path} has no frames (thresholds.probs: {source})")
     if labels is None:
-        raise ValueError(f"{args.frames} has no label columns: thresholds need labelled validation frames")
+        raise DataError(f"{args.frames} has no label columns: thresholds need labelled validation frames")
     valid = probs["valid"].to_numpy()
     y_true = labels[valid]
     y_prob = probs[list(LABELS)].to_numpy()[valid]
@@ -80,4 +77,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

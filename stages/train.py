@@ -15,19 +15,24 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-# Import this checkout's vce/ (queued DVC experiments run in copies of the repository).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vce import checkpoint, cli  # noqa: E402
-from vce.data import FrameDataset, eval_transform, label_matrix, rarest_label_weights, read_index, train_transform  # noqa: E402,E501
-from vce.frame_cache import CachedFrameDataset, FrameCache  # noqa: E402
-from vce.index import DataParams  # noqa: E402
-from vce.io import write_json  # noqa: E402
-from vce.losses import LossParams, VCELoss  # noqa: E402
-from vce.model import ModelParams, create_model  # noqa: E402
-from vce.params import load_params, from_dict  # noqa: E402
-from vce.prompts import load_prompt_embeddings  # noqa: E402
-from vce.train import TrainParams, Trainer, describe  # noqa: E402
+from vce.core import runner
+from vce.core.contracts import label_matrix, read_index
+from vce.core.errors import DataError
+from vce.core.io import write_json
+from vce.core.params import from_dict, load_params
+from vce.data.dataset import (
+    FrameDataset,
+    eval_transform,
+    rarest_label_weights,
+    train_transform,
+)
+from vce.data.frame_cache import CachedFrameDataset, FrameCache
+from vce.data.index import DataParams
+from vce.model import checkpoint
+from vce.model.frame_model import ModelParams, create_model
+from vce.model.prompts import load_prompt_embeddings
+from vce.train.losses import LossParams, VCELoss
+from vce.train.trainer import Trainer, TrainParams, describe
 
 
 def parse_args(argv):
@@ -51,7 +56,7 @@ def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: Fram
     train = frames[frames["split"] == "train"].reset_index(drop=True)
     val = frames[frames["split"] == "val"].reset_index(drop=True)
     if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"need frames in both splits, got train={len(train)} val={len(val)}")
+        raise DataError(f"need frames in both splits, got train={len(train)} val={len(val)}")
     train_tf = train_transform(size, params.augment)
     val_tf = eval_transform()
     if cache is not None:
@@ -100,6 +105,7 @@ def open_live(live_dir: str):
         return LiveWithoutGit(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
 
 
+@runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
@@ -141,4 +147,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda: main()))
+    sys.exit(main())

@@ -13,7 +13,7 @@ from pathlib import Path
 import open_clip
 import torch
 
-from vce.clip_source import PACKAGED_SOURCES
+from vce.model.clip_source import PACKAGED_SOURCES
 
 REPO_ID = "test-org/tiny-clip"
 

@@ -1,12 +1,10 @@
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 
@@ -19,11 +17,8 @@ def fixtures_dir() -> Path:
 
 
 def load_stage(name: str):
-    """Import stages/<name>.py as a module (stages are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / "stages" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The stage module `stages.<name>` (DVC runs it as `python -m stages.<name>`)."""
+    return importlib.import_module(f"stages.{name}")
 
 
 def tiny_params(tmp_path) -> dict:

@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vce.anatomy import boundaries, monotone_path, region_scores
-from vce.events import EventParams, probs_to_submission
-from vce.labels import LABELS, REGIONS
-from vce.params import ParamsError, from_dict
+from vce.core.labels import LABELS, REGIONS
+from vce.core.params import ParamsError, from_dict
+from vce.post.anatomy import boundaries, monotone_path, region_scores
+from vce.post.events import EventParams, probs_to_submission
 
 ON = {label: 0.5 for label in LABELS}
 VITERBI = dict(style="per_label", median_window=1, fill_gap=0, min_length=1, presence="none", anatomy="viterbi", switch_penalty=2.0)
@@ -52,7 +52,7 @@ def test_monotone_path_ignores_a_noise_burst_that_would_go_back():
 def video(n, truth, video_id="v", **label_probs):
     table = pd.DataFrame({"video_id": video_id, "t": np.arange(n, dtype=np.int64)})
     rng = np.random.default_rng(0)
-    for k, label in enumerate(LABELS):
+    for label in LABELS:
         table[label] = np.float32(0.05)
     for k, region in enumerate(REGIONS):
         table[region] = np.where(truth == k, 0.8, 0.1).astype(np.float32) + rng.random(n).astype(np.float32) * 0.15

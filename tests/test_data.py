@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from vce.data import (AugmentParams, EpochSampler, FrameDataset, epoch_order, eval_transform,
-                      rarest_label_weights, train_transform)
-from vce.frames import FrameError, available_decoders, decode_frame
+from vce.data.dataset import (
+    AugmentParams,
+    EpochSampler,
+    FrameDataset,
+    epoch_order,
+    eval_transform,
+    rarest_label_weights,
+    train_transform,
+)
+from vce.data.frames import FrameError, available_decoders, decode_frame
 
 
 @pytest.fixture()

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vce.demo import EXTRA_COLUMNS, DemoParams, events_of, generate, timeline
-from vce.index import DataParams, build_index
-from vce.labels import LABEL_INDEX, LABELS, LANDMARKS, PATHOLOGY, REGIONS
-from vce.params import ParamsError, from_dict
+from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, PATHOLOGY, REGIONS
+from vce.core.params import ParamsError, from_dict
+from vce.data.index import DataParams, build_index
+from vce.demo.generate import EXTRA_COLUMNS, DemoParams, events_of, generate, timeline
 
 SMALL = DemoParams(n_videos=2, frames_per_video=150, n_test_videos=2, test_frames_per_video=120,
                    image_size=32)

@@ -12,8 +12,12 @@ from timm.models.vision_transformer import Attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-import vce.model  # noqa: F401  (registers the tiny ViT with timm)
-from vce.diff_attention import convert_attention, convert_to_diff_attention, count_diff_attention
+import vce.model.frame_model  # noqa: F401  (registers the tiny ViT with timm)
+from vce.model.diff_attention import (
+    convert_attention,
+    convert_to_diff_attention,
+    count_diff_attention,
+)
 
 
 def reference_output(original: Attention, diff: DiffAttention, x: torch.Tensor, depth: int):

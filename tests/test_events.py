@@ -5,10 +5,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vce.events import EventParams, labels_to_submission, probs_to_submission, write_xlsx
-from vce.labels import LABELS
-from vce.params import ParamsError, from_dict
-from vce.score import check_submission, score
+from vce.core.labels import LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.eval.score import check_submission, score
+from vce.post.events import (
+    EventParams,
+    labels_to_submission,
+    probs_to_submission,
+    write_xlsx,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 OFF = {label: 0.5 for label in LABELS}
@@ -174,7 +179,7 @@ def test_xlsx_bytes_repeat_for_the_same_events(tmp_path):
     """Same events, same bytes: the DVC hash of the events folder only changes with the events."""
     import time
 
-    from vce.events import write_xlsx
+    from vce.post.events import write_xlsx
 
     sub = {"videos": [{"video_id": "1", "events": [{"start": 1, "end": 4, "label": ["blood", "colon"]}]}]}
     write_xlsx(sub, tmp_path / "a.xlsx")

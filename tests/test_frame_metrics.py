@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from vce.frame_metrics import frame_metrics
-from vce.labels import LABELS, NUM_LABELS
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.eval.frame_metrics import frame_metrics
 
 
 def test_frame_metrics_per_label_and_means():

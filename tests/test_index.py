@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 
 import cv2
@@ -10,10 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT
-from vce.demo import EXTRA_COLUMNS
-from vce.index import COLUMNS, TEST_COLUMNS, DataParams, build_index
-from vce.labels import LABELS
+from vce.core.labels import LABELS
+from vce.data.index import COLUMNS, TEST_COLUMNS, DataParams, build_index
+from vce.demo.generate import EXTRA_COLUMNS
 
 PNG = cv2.imencode(".png", np.zeros((2, 2, 3), np.uint8))[1].tobytes()
 CSV_COLUMNS = ["index", *LABELS, *EXTRA_COLUMNS, "frame"]  # the real order: index, ~29, frame
@@ -333,10 +332,7 @@ def test_no_video_at_all_is_an_error(tmp_path):
 # ---------------------------------------------------------------- the stage
 
 def load_stage():
-    spec = importlib.util.spec_from_file_location("stage_index", ROOT / "stages" / "index.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("stages.index")
 
 
 def stage_paths(tmp_path, **data) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vce.io import atomic_path, safe_file_name, write_json
+from vce.core.io import atomic_path, safe_file_name, write_json
 
 
 def test_atomic_path_leaves_the_old_file_on_failure(tmp_path):

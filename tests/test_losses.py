@@ -5,9 +5,14 @@ import math
 import pytest
 import torch
 
-from vce.labels import NUM_LABELS
-from vce.losses import LossParams, VCELoss, asymmetric_loss, contrastive_pos_weight
-from vce.params import ParamsError, from_dict
+from vce.core.labels import NUM_LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.train.losses import (
+    LossParams,
+    VCELoss,
+    asymmetric_loss,
+    contrastive_pos_weight,
+)
 
 LN2 = math.log(2.0)
 

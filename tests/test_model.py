@@ -7,19 +7,19 @@ import huggingface_hub.constants
 import open_clip
 import pytest
 import torch
+from clip_checkpoints import REPO_ID, tiny_config, write_hub_cache, write_local_dir
 from timm.layers import DiffAttention
 
-from clip_checkpoints import REPO_ID, tiny_config, write_hub_cache, write_local_dir
-from vce.labels import NUM_LABELS
-from vce.losses import LossParams, VCELoss
-from vce.model import (
+from vce.core.labels import NUM_LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.model.frame_model import (
     ImageTower,
     ModelParams,
     SourceError,
     build_from_config,
     create_model,
 )
-from vce.params import ParamsError, from_dict
+from vce.train.losses import LossParams, VCELoss
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 

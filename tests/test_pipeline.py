@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import load_stage, prepare_demo
-from vce.labels import LABELS
-from vce.score import check_submission
+
+from vce.core.labels import LABELS
+from vce.eval.score import check_submission
 
 STAGES = ["train", "predict", "temporal", "thresholds", "events", "score", "report"]
 

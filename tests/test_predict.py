@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, load_stage, prepare_demo
-from vce.labels import LABELS
-from vce.predict import PredictParams, shard_by_video
+
+from vce.core.labels import LABELS
+from vce.infer.predict import PredictParams, shard_by_video
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_no_partial_output_after_a_kill(trained, tmp_path):
     out = tmp_path / "killed"
     argv = predict_argv(args, out, tmp_path / "p.json")
     argv[argv.index("--params") + 1] = str(slow_params(trained[0], tmp_path))
-    process = subprocess.Popen([sys.executable, str(ROOT / "stages" / "predict.py"), *argv],
-                               env={**os.environ, "CI": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, "-m", "stages.predict", *argv],
+                               env={**os.environ, "CI": "1"}, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     while time.time() < deadline and not list(out.glob(".*.tmp")):  # mid-write
         time.sleep(0.05)
@@ -105,9 +105,9 @@ def test_torchrun_two_processes_write_the_same_file(trained):
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     assert load_stage("predict").main(predict_argv(args, single, tmp_path / "s.json")) == 0
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-               str(ROOT / "stages" / "predict.py"), *predict_argv(args, sharded, tmp_path / "d.json")]
+               "-m", "stages.predict", *predict_argv(args, sharded, tmp_path / "d.json")]
     result = subprocess.run(command, env={**os.environ, "CI": "1", "OMP_NUM_THREADS": "1"},
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     for split in ("val", "test"):
         one, two = pd.read_parquet(single / f"{split}.parquet"), pd.read_parquet(sharded / f"{split}.parquet")
@@ -124,7 +124,7 @@ def test_shard_by_video_keeps_whole_videos_in_order():
 
 
 def test_predict_params_reject_unknown_split():
-    from vce.params import ParamsError, from_dict
+    from vce.core.params import ParamsError, from_dict
 
     with pytest.raises(ParamsError, match=r"predict.splits: unknown split\(s\) \['tset'\]"):
         from_dict(PredictParams, {"splits": ["tset"]}, "predict")

@@ -5,12 +5,12 @@ import importlib.util
 import open_clip
 import pytest
 import torch
-
 from clip_checkpoints import write_hf_text_local_dir, write_local_dir
 from conftest import ROOT
-from vce.labels import LABELS, NUM_LABELS
-from vce.model import ModelParams, SourceError, create_model
-from vce.prompts import (
+
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.model.frame_model import ModelParams, SourceError, create_model
+from vce.model.prompts import (
     DEFAULT_TEMPLATES,
     compute_prompt_embeddings,
     load_prompt_embeddings,
@@ -111,6 +111,5 @@ def test_stage_writes_the_file_and_reports_bad_templates(tmp_path, capsys):
     assert prompts_stage.main(["--params", str(params), "--out", str(out)]) == 0
     assert load_prompt_embeddings(out).shape == (NUM_LABELS, 1, 64)
     params.write_text("base:\n  seed: 42\nmodel:\n  source: tiny\nprompts:\n  templates: ['no label']\n")
-    code = prompts_stage.cli.run(lambda: prompts_stage.main(["--params", str(params), "--out", str(out)]))
-    assert code == 2
+    assert prompts_stage.main(["--params", str(params), "--out", str(out)]) == 2
     assert "prompts.templates[0]" in capsys.readouterr().err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,14 +10,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from vce.events import labels_to_submission  # noqa: E402
-from vce.frame_metrics import frame_metrics  # noqa: E402
-from vce.labels import LABELS, NUM_LABELS  # noqa: E402
-from vce.params import ParamsError, from_dict  # noqa: E402
-from vce.plots import (  # noqa: E402
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.eval.frame_metrics import frame_metrics
+from vce.eval.plots import (
     f1_at,
     label_slug,
     offline_template,
@@ -28,9 +23,12 @@ from vce.plots import (  # noqa: E402
     thin_indices,
     video_events,
 )
-from vce.report import ReportParams, write_report  # noqa: E402
-from vce.score import score  # noqa: E402
-from vce.timeline import labels_on_time  # noqa: E402
+from vce.eval.report import ReportParams, write_report
+from vce.eval.score import score
+from vce.post.events import labels_to_submission
+from vce.post.timeline import labels_on_time
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FRAMES_PER_VIDEO = 300
 

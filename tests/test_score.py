@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vce.labels import LABELS
-from vce.score import SubmissionError, check_submission, main, score
-from vce.score_reference import score_reference, shifted_submission
+from vce.core.labels import LABELS
+from vce.eval.score import SubmissionError, check_submission, main, score
+from vce.eval.score_reference import score_reference, shifted_submission
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 GALAR_GT = FIXTURES / "galar_gt_events.json"

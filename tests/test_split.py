@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT
-from vce.io import write_parquet
-from vce.labels import LABELS
-from vce.params import ParamsError, from_dict
-from vce.split import SplitParams, split_frames
+from vce.core.io import write_parquet
+from vce.core.labels import LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.data.split import SplitParams, split_frames
 
 RARE = {"z-line": ("3", "17"), "active bleeding": ("5", "11"), "ulcer": ("8", "19"),
         "hematin": ("2",)}
@@ -94,10 +93,7 @@ def test_too_few_videos_and_bad_params_are_errors():
 
 
 def load_stage():
-    spec = importlib.util.spec_from_file_location("stage_split", ROOT / "stages" / "split.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("stages.split")
 
 
 def test_stage_writes_split_and_metrics(tmp_path, capsys):

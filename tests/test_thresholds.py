@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vce.events import EventParams, labels_to_submission, probs_to_submission
-from vce.labels import LABELS, NUM_LABELS
-from vce.params import ParamsError, from_dict
-from vce.score import score
-from vce.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.core.params import ParamsError, from_dict
+from vce.eval.score import score
+from vce.post.events import EventParams, labels_to_submission, probs_to_submission
+from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
 
 
 def test_f1_threshold_on_a_constructed_case():

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
 from conftest import ROOT, prepare_demo
-from vce import checkpoint
-from vce.params import ParamsError, from_dict
-from vce.train import TrainParams
+
+from vce.core.params import ParamsError, from_dict
+from vce.model import checkpoint
+from vce.train.trainer import TrainParams
 
 # Fast, deterministic and comparable across process counts: no dropout, no mixup.
 OVERRIDES = {"train": {"epochs": 3, "mixup_alpha": 0.0, "checkpoint_every": 2}, "model": {"dropout": 0.0}}
@@ -41,12 +41,12 @@ def train_argv(args, out: Path) -> list[str]:
 
 
 def run_train(argv, env=None, nproc: int = 1) -> subprocess.Popen:
-    command = [sys.executable, str(ROOT / "stages" / "train.py"), *argv]
+    command = [sys.executable, "-m", "stages.train", *argv]
     if nproc > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                   "--master_port", "29531", str(ROOT / "stages" / "train.py"), *argv]
+                   "--master_port", "29531", "-m", "stages.train", *argv]
     return subprocess.Popen(command, env={**os.environ, "CI": "1", "OMP_NUM_THREADS": "1", **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
 def finish(process: subprocess.Popen) -> str:

@@ -1,0 +1,78 @@
+"""The files stages hand to each other: their schemas, readers and writers.
+
+Every file format that one stage writes and another reads is defined here once, so a change
+to a format is made in one place and every reader sees it:
+
+- frame index (`data/index/*.parquet`, `data/split/frames.parquet`): video_id, frame, index,
+  path, label columns, split — read with `read_index`;
+- probabilities (`data/predict/<split>.parquet`, `data/temporal/<split>.parquet`):
+  `probs_schema()`, written by `write_probs`;
+- embeddings (`data/predict/<split>_embeddings.parquet`): `embeddings_schema(dim)`.
+
+This module needs neither torch nor torchvision: post-processing and scoring import it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vce.core.errors import DataError
+from vce.core.io import atomic_path
+from vce.core.labels import LABELS
+
+PROBS_SOURCES = ("frame", "temporal")  # which probabilities feed thresholds and events
+
+
+def read_index(path: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """Read a frame table (index, split, probabilities) from Parquet without touching pixels."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"frame table not found: {path}")
+    return pd.read_parquet(path, columns=columns)
+
+
+def label_matrix(frames: pd.DataFrame) -> np.ndarray:
+    """(N, 17) uint8 label matrix in LABELS order; raises naming a missing label column."""
+    missing = [label for label in LABELS if label not in frames.columns]
+    if missing:
+        raise DataError(f"frame index has no label column(s) {missing}")
+    return frames[list(LABELS)].to_numpy(dtype=np.uint8)
+
+
+def probs_schema() -> pa.Schema:
+    """The probabilities contract: video_id, frame, 17 float32 label columns, valid flag."""
+    return pa.schema([("video_id", pa.string()), ("frame", pa.int64())]
+                     + [(label, pa.float32()) for label in LABELS] + [("valid", pa.bool_())])
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """The embeddings contract: video_id, frame, a float16 vector of `dim` values."""
+    return pa.schema([("video_id", pa.string()), ("frame", pa.int64()),
+                      ("embedding", pa.list_(pa.float16(), dim))])
+
+
+def write_probs(path: str | Path, table: pd.DataFrame) -> None:
+    """Write a probabilities frame (the contract's columns) atomically."""
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pandas(table, schema=probs_schema(), preserve_index=False), tmp)
+
+
+def probs_dir(source: str, predict_dir: str | Path, temporal_dir: str | Path) -> Path:
+    """The folder holding the probabilities of `source` (`frame` → predict, `temporal` → temporal)."""
+    if source not in PROBS_SOURCES:
+        raise ValueError(f"unknown probabilities source {source!r}; allowed: {list(PROBS_SOURCES)}")
+    return Path(temporal_dir if source == "temporal" else predict_dir)
+
+
+def probs_source(section: dict, key: str = "thresholds.probs") -> str:
+    """Which probabilities feed thresholds and events: `frame` (predict) or `temporal`."""
+    from vce.core.params import require
+
+    source = section.get("probs", "frame")
+    require(source in PROBS_SOURCES, key, f"must be one of {list(PROBS_SOURCES)}, got {source!r}")
+    return source

@@ -1,0 +1,126 @@
+"""Decoding capsule frames: one fast, exact path (OpenCV) used by training and prediction.
+
+A frame that cannot be decoded raises `FrameError` naming the file; the data loaders turn it
+into an invalid sample that is counted and recorded, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from vce.core.errors import DataError, ParamsError
+
+# OpenCV's own thread pool fights the DataLoader workers for the same cores.
+cv2.setNumThreads(1)
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_IEND = b"IEND\xaeB`\x82"
+
+INTERPOLATION = {
+    "bicubic": cv2.INTER_CUBIC,
+    "bilinear": cv2.INTER_LINEAR,
+    "area": cv2.INTER_AREA,
+    "nearest": cv2.INTER_NEAREST,
+}
+
+
+class FrameError(DataError):
+    """A frame file is missing, empty, truncated or not an image."""
+
+
+def _decode_cv2(data: np.ndarray):
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR)  # (H, W, 3) BGR, 8-bit
+    return None if image is None else cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def _decode_pil(data: np.ndarray):
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as image:
+            if image.mode in ("I;16", "I;16B", "I"):
+                return None  # 16-bit: left to OpenCV, which scales it to 8 bits
+            return np.asarray(image.convert("RGB"))
+    except OSError:
+        return None
+
+
+def _decode_torchvision(data: np.ndarray):
+    import torch
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        image = decode_image(torch.from_numpy(data), mode=ImageReadMode.RGB)  # (3, H, W)
+    except RuntimeError:
+        return None
+    return image.permute(1, 2, 0).numpy() if image.dtype == torch.uint8 else None
+
+
+def _decode_pyspng(data: np.ndarray):
+    try:
+        import pyspng
+    except ImportError:
+        raise ParamsError("decoder 'pyspng' is not installed: pip install pyspng, "
+                         "or set the decoder key of train/predict/cache to opencv") from None
+
+    try:
+        image = pyspng.load(data.tobytes())
+    except Exception:  # pyspng raises plain exceptions on corrupt data
+        return None
+    if image.dtype != np.uint8:
+        return None
+    if image.ndim == 2:
+        image = np.repeat(image[:, :, None], 3, axis=2)
+    return image[:, :, :3]
+
+
+DECODERS = {"opencv": _decode_cv2, "pil": _decode_pil, "torchvision": _decode_torchvision, "pyspng": _decode_pyspng}
+
+
+def available_decoders() -> list[str]:
+    """Decoders whose library imports here (pyspng is optional)."""
+    names = ["opencv", "pil", "torchvision"]
+    try:
+        import pyspng  # noqa: F401
+
+        names.append("pyspng")
+    except ImportError:
+        pass
+    return names
+
+
+def decode_frame(path: str | Path, size: int | None = None, interpolation: str = "bicubic",
+                 decoder: str = "opencv") -> np.ndarray:
+    """Read an image file into an RGB uint8 array (H, W, 3), optionally resized to size × size.
+
+    Greyscale, RGBA and 16-bit frames are converted to 8-bit RGB (OpenCV's IMREAD_COLOR).
+    `decoder` picks the PNG decoder; all give identical pixels on 8-bit RGB PNGs (tested),
+    so it is a speed choice only (bench/predict.py measures them).
+    A PNG must end with its IEND chunk: libpng would otherwise return a partly grey image
+    from a truncated file without an error.
+    """
+    path = Path(path)
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as err:
+        raise FrameError(f"{path}: cannot read ({err.strerror})") from None
+    if data.size == 0:
+        raise FrameError(f"{path}: empty file (0 bytes)")
+    head = data[:8].tobytes()
+    if head == _PNG_SIGNATURE and data[-8:].tobytes() != _PNG_IEND:
+        raise FrameError(f"{path}: truncated PNG (no IEND chunk at the end)")
+    image = DECODERS[decoder](data)
+    if image is None and decoder != "opencv":
+        image = _decode_cv2(data)  # modes a fast decoder declines (16-bit, palette) go to OpenCV
+    if image is None:
+        raise FrameError(f"{path}: not a decodable image")
+    if size is not None and image.shape[:2] != (size, size):
+        down = image.shape[0] > size
+        flag = cv2.INTER_AREA if down and interpolation == "area" else INTERPOLATION[interpolation]
+        image = cv2.resize(image, (size, size), interpolation=flag)
+    return image

@@ -1,0 +1,335 @@
+"""The frame index: one row per frame of the Galar layout (labelled) and of the test layout.
+
+Reads file names, sizes and label CSVs only, never pixels. Contract of both tables, sorted by
+`video_id` then `frame`:
+    video_id    str     Galar: the integer id ("1", also from `recording_1/` or `001/`);
+                        test: the folder name exactly ("ukdd_navi_00051")
+    frame       int64   the number in the file name
+    index       int64   Galar: the CSV's `index` (annotated-frame counter); test: 0-based position
+    path        str     relative to the layout's root
+    <17 labels> uint8   Galar only, named exactly as vce.labels.LABELS
+    event_unit  str     "index" (Galar: the official ground truth counts annotated frames)
+                        or "frame" (test: events use the file's frame number)
+    capsule     str     capsule system from metadata.csv, else ""
+
+Bad input: an error (ValueError naming the file) where results would be wrong, a counted
+warning in the index report where skipping is safe (vce.frame_files.WARNING_KINDS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS
+from vce.core.params import require
+from vce.data.frame_files import IndexReport, drop_bad_files, find_folders, list_frames
+
+GALAR_VIDEO_FOLDER = re.compile(r"^(?:recording_)?0*(\d+)$", re.IGNORECASE)
+GALAR_FRAME = re.compile(r"^frame_(\d+)\.png$", re.IGNORECASE)
+GALAR_LABEL_CSV = re.compile(r"^0*(\d+)\.csv$", re.IGNORECASE)
+TEST_VIDEO_FOLDER = re.compile(r"^ukdd_navi_\d+$")
+TEST_FRAME = re.compile(r"^frame_(\d+)\.png$", re.IGNORECASE)
+TEST_LIST_CSV = re.compile(r"^(ukdd_navi_\d+)\.csv$")
+FOLDER_DEPTH = 3  # video folders sit at most this deep under a root (root/archive/video)
+COLUMNS = ["video_id", "frame", "index", "path", *LABELS, "event_unit", "capsule"]
+TEST_COLUMNS = [c for c in COLUMNS if c not in LABELS]
+
+
+@dataclasses.dataclass
+class DataParams:
+    root: str = "data/demo/galar"
+    labels_dir: str = "Labels"
+    metadata: str | None = "metadata.csv"
+    test_root: str | None = "data/demo/test"
+    check_png_end: bool = True
+    max_missing_fraction: float = 0.01
+    report_examples: int = 20
+
+    def check(self, section: str) -> None:
+        require(bool(self.root), f"{section}.root", "must name the Galar layout's root folder")
+        require(bool(self.labels_dir), f"{section}.labels_dir", "must name the label CSV folder")
+        require(0 <= self.max_missing_fraction <= 1, f"{section}.max_missing_fraction",
+                "must be in [0, 1]")
+        require(self.report_examples >= 0, f"{section}.report_examples", "must be >= 0")
+
+
+def _under(root: Path, path: str) -> Path:
+    return Path(path) if Path(path).is_absolute() else root / path
+
+
+def empty_table(columns: list[str]) -> pd.DataFrame:
+    """A table with the index's columns and dtypes and no rows."""
+    dtypes = {"frame": "int64", "index": "int64", **{label: "uint8" for label in LABELS}}
+    return pd.DataFrame({c: pd.Series([], dtype=dtypes.get(c, "str")) for c in columns})
+
+
+# ---------------------------------------------------------------- Galar label CSVs
+
+def _integers(values: pd.Series, csv: Path, column: str) -> np.ndarray:
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = numbers.isna() | (numbers != np.round(numbers))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        value = "" if pd.isna(values.iloc[row]) else str(values.iloc[row])
+        raise DataError(f"{csv}: column '{column}', line {row + 2}: "
+                         f"value {value!r} is not an integer")
+    return numbers.to_numpy().astype(np.int64)
+
+
+def read_label_csv(csv: Path, report: IndexReport) -> pd.DataFrame:
+    """`index`, `frame` (int64) and the 17 labels (uint8) of one Galar label CSV.
+
+    A missing or renamed scored column, a value other than 0/1/empty, a non-integer index or
+    frame, or a duplicate frame or index is an error: the labels would be wrong.
+    """
+    try:
+        header = list(pd.read_csv(csv, nrows=0).columns)
+        for column in ("index", "frame", *LABELS):
+            if column not in header:
+                near = difflib.get_close_matches(column, [str(h) for h in header], n=1)
+                hint = f" (found '{near[0]}'; scored columns are named exactly as the 17 " \
+                       "labels)" if near else ""
+                raise DataError(f"{csv}: missing column '{column}'{hint}")
+        # Numbers parsed by the C reader; only truly empty cells become NaN.
+        table = pd.read_csv(csv, usecols=["index", "frame", *LABELS], keep_default_na=False,
+                            na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise DataError(f"{csv}: not a readable CSV ({err})") from None
+    labels = pd.DataFrame({"index": _integers(table["index"], csv, "index"),
+                           "frame": _integers(table["frame"], csv, "frame")})
+    n_empty = 0
+    for label in LABELS:
+        empty = table[label].isna()
+        numbers = pd.to_numeric(table[label], errors="coerce")
+        bad = ~empty & ~numbers.isin([0, 1])
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            text = pd.read_csv(csv, usecols=[label], dtype=str, keep_default_na=False)[label]
+            raise DataError(f"{csv}: column '{label}', line {row + 2}: "
+                             f"value {text.iloc[row]!r} is not 0, 1 or empty")
+        n_empty += int(empty.sum())
+        labels[label] = numbers.fillna(0).to_numpy().astype(np.uint8)
+    if n_empty:
+        report.warn("empty_label_cells", [f"{csv}: {n_empty} empty label cells read as 0"],
+                    count=n_empty)
+    for column in ("frame", "index"):
+        twice = labels[column].duplicated(keep=False).to_numpy()
+        if twice.any():
+            lines = (np.flatnonzero(twice)[:2] + 2).tolist()
+            value = labels[column].iloc[lines[0] - 2]
+            raise DataError(f"{csv}: duplicate {column} {value} on lines {lines[0]} and {lines[1]}")
+    return labels.sort_values("frame", ignore_index=True)
+
+
+def read_capsules(root: Path, cfg: DataParams, report: IndexReport) -> dict[str, str]:
+    """video_id → capsule system from metadata.csv (columns found by name), or {} with a warning."""
+    if cfg.metadata is None:
+        return {}
+    path = _under(root, cfg.metadata)
+    if not path.is_file():
+        report.warn("metadata", [f"{path}: not found (data.metadata); capsule left empty"])
+        return {}
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not a readable CSV ({err})") from None
+    names = {c.strip().lower(): c for c in table.columns}
+    video = next((names[n] for n in ("video_id", "video", "video id", "id", "recording")
+                  if n in names), None)
+    capsule = next((c for n, c in names.items() if "capsule" in n or "system" in n
+                    or "device" in n), None)
+    if video is None or capsule is None:
+        report.warn("metadata", [f"{path}: no video id and capsule columns among "
+                                 f"{list(table.columns)}; capsule left empty"])
+        return {}
+    ids = table[video].str.strip().str.extract(GALAR_VIDEO_FOLDER, expand=False)
+    return {str(int(i)): c.strip() for i, c in zip(ids, table[capsule]) if isinstance(i, str)}
+
+
+# ---------------------------------------------------------------- Galar layout
+
+def index_galar_video(video_id: str, folder: Path, csv: Path, root: Path, capsule: str,
+                      cfg: DataParams, report: IndexReport) -> pd.DataFrame | None:
+    """Rows of one labelled video: frames on disk joined with their label rows."""
+    files, others = list_frames(folder, GALAR_FRAME, cfg.check_png_end)
+    report.warn("ignored_file", [f"{folder / name}: not a frame file" for name in others])
+    if files.empty:
+        report.warn("empty_video_folder", [f"{folder}: no frame files; video {video_id} skipped"])
+        return None
+    labels = read_label_csv(csv, report)
+    missing = labels[~labels["frame"].isin(files["frame"])]
+    if len(missing) > cfg.max_missing_fraction * len(labels):
+        raise DataError(
+            f"{folder}: {len(missing)} of {len(labels)} frames listed in {csv} are missing on "
+            f"disk (more than data.max_missing_fraction = {cfg.max_missing_fraction}); "
+            f"is this the folder of video {video_id}?")
+    report.warn("frame_missing_on_disk",
+                [f"{csv}: frame {f} (index {i}) listed, but {folder}/frame_{f:06d}.PNG is missing"
+                 for f, i in zip(missing["frame"], missing["index"])])
+    unlabelled = files[~files["frame"].isin(labels["frame"])]
+    report.warn("frame_without_label",
+                [f"{folder / name}: frame on disk has no row in {csv}"
+                 for name in unlabelled["name"]])
+    files = drop_bad_files(files, folder, report)
+    rows = labels.merge(files[["frame", "name"]], on="frame", how="inner", validate="1:1")
+    if (np.diff(rows["index"].to_numpy()) <= 0).any():
+        report.warn("index_not_increasing", [f"{csv}: index does not increase with frame"])
+    rel = folder.relative_to(root).as_posix()
+    rows.insert(0, "video_id", video_id)
+    rows.insert(3, "path", rel + "/" + rows.pop("name"))
+    rows["event_unit"] = "index"
+    rows["capsule"] = capsule
+    return rows[COLUMNS]
+
+
+def find_galar_videos(root: Path, labels_dir: Path) -> dict[str, Path]:
+    """video_id → frame folder; two folders for one id is an error."""
+    videos: dict[str, Path] = {}
+    skip = {labels_dir.resolve()}
+    for folder in find_folders(root, GALAR_VIDEO_FOLDER, FOLDER_DEPTH, skip):
+        video_id = str(int(GALAR_VIDEO_FOLDER.match(folder.name).group(1)))
+        if video_id in videos:
+            raise DataError(f"two folders for video {video_id}: {videos[video_id]} and {folder}")
+        videos[video_id] = folder
+    return videos
+
+
+def index_galar(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
+    """The labelled frame index of the Galar layout under `cfg.root`."""
+    root = Path(cfg.root)
+    if not root.is_dir():
+        raise DataError(f"data root not found: {root} (data.root)")
+    labels_dir = _under(root, cfg.labels_dir)
+    if not labels_dir.is_dir():
+        raise DataError(f"label folder not found: {labels_dir} (data.labels_dir)")
+    csvs = {str(int(m.group(1))): p for p in sorted(labels_dir.iterdir())
+            if (m := GALAR_LABEL_CSV.match(p.name))}
+    folders = find_galar_videos(root, labels_dir)
+    capsules = read_capsules(root, cfg, report)
+    tables = []
+    for video_id in sorted(set(csvs) | set(folders), key=int):
+        if video_id not in csvs:
+            report.warn("video_without_labels", [
+                f"{folders[video_id]}: no label CSV {labels_dir}/{video_id}.csv; video skipped"])
+        elif video_id not in folders:
+            report.warn("labels_without_video", [
+                f"{csvs[video_id]}: no frame folder for video {video_id} under {root}; skipped"])
+        else:
+            tables.append(index_galar_video(video_id, folders[video_id], csvs[video_id], root,
+                                            capsules.get(video_id, ""), cfg, report))
+    tables = [t for t in tables if t is not None]
+    if not tables:
+        raise DataError(
+            f"{root}: no labelled video found (expected frame folders named by video id, e.g. "
+            f"1/ or recording_1/, possibly inside Galar_Frames_*/, and {labels_dir}/<id>.csv)")
+    frames = pd.concat(tables, ignore_index=True).sort_values(["video_id", "frame"],
+                                                              ignore_index=True)
+    report.layouts["galar"] = {
+        "root": cfg.root, "labels_dir": cfg.labels_dir,
+        "videos": int(frames["video_id"].nunique()), "frames": len(frames),
+        "capsules": {k: int(v) for k, v in
+                     frames.groupby("video_id")["capsule"].first().value_counts().sort_index().items()},
+        "positive_frames": {label: int(frames[label].sum()) for label in LABELS},
+    }
+    return frames
+
+
+# ---------------------------------------------------------------- RARE-VISION test layout
+
+def _frame_lists(video_folders: list[Path]) -> dict[str, Path]:
+    """video_id → its ';'-separated frame list, found beside the video folders (in their
+    parent or one of its non-video subfolders, e.g. `ukdd_navi_00051_00068_00076/`)."""
+    lists = {}
+    for parent in sorted({folder.parent for folder in video_folders}):
+        places = [parent] + [p for p in sorted(parent.iterdir())
+                             if p.is_dir() and not TEST_VIDEO_FOLDER.match(p.name)]
+        for place in places:
+            for path in sorted(place.iterdir()):
+                if (m := TEST_LIST_CSV.match(path.name)) and path.is_file():
+                    lists[m.group(1)] = path
+    return lists
+
+
+def _listed_frames(csv: Path) -> np.ndarray:
+    try:
+        table = pd.read_csv(csv, sep=";", dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise DataError(f"{csv}: not a readable ';'-separated CSV ({err})") from None
+    if "frame_file" not in table.columns:
+        raise DataError(f"{csv}: no 'frame_file' column (expected a ';'-separated frame list)")
+    numbers = table["frame_file"].str.strip().str.extract(TEST_FRAME, expand=False)
+    return numbers.dropna().astype("int64").to_numpy()
+
+
+def index_test_video(folder: Path, frame_list: Path | None, root: Path, cfg: DataParams,
+                     report: IndexReport) -> pd.DataFrame | None:
+    video_id = folder.name
+    files, others = list_frames(folder, TEST_FRAME, cfg.check_png_end)
+    others = [n for n in others if not (frame_list and folder / n == frame_list)]
+    report.warn("ignored_file", [f"{folder / name}: not a frame file" for name in others])
+    if files.empty:
+        report.warn("empty_video_folder", [f"{folder}: no frame files; video {video_id} skipped"])
+        return None
+    if frame_list is None:
+        report.warn("test_video_without_list", [f"{folder}: no frame list {video_id}.csv found"])
+    else:
+        listed = _listed_frames(frame_list)
+        report.warn("test_frame_missing_on_disk",
+                    [f"{frame_list}: frame {f} listed, but not in {folder}"
+                     for f in listed[~np.isin(listed, files["frame"])]])
+        report.warn("test_frame_not_listed",
+                    [f"{folder / n}: not in {frame_list}; kept"
+                     for n in files.loc[~files["frame"].isin(listed), "name"]])
+    files = drop_bad_files(files, folder, report)
+    gaps = np.flatnonzero(np.diff(files["frame"].to_numpy()) != 1)
+    report.warn("test_frames_not_contiguous",
+                [f"{folder}: no frames between {files['frame'].iloc[g]} and "
+                 f"{files['frame'].iloc[g + 1]}" for g in gaps])
+    rel = folder.relative_to(root).as_posix()
+    return pd.DataFrame({
+        "video_id": video_id, "frame": files["frame"],
+        "index": np.arange(len(files), dtype=np.int64), "path": rel + "/" + files["name"],
+        "event_unit": "frame", "capsule": "",
+    })
+
+
+def index_test(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
+    """The unlabelled frame index of the RARE-VISION test layout (empty if no test_root)."""
+    if cfg.test_root is None:
+        report.layouts["test"] = {"root": None, "videos": 0, "frames": 0}
+        return empty_table(TEST_COLUMNS)
+    root = Path(cfg.test_root)
+    if not root.is_dir():
+        raise DataError(f"test data root not found: {root} (data.test_root)")
+    folders = find_folders(root, TEST_VIDEO_FOLDER, FOLDER_DEPTH, set())
+    if not folders:
+        raise DataError(f"{root}: no test video folders ukdd_navi_<number>/ (data.test_root)")
+    lists = _frame_lists(folders)
+    tables = []
+    for folder in folders:
+        frame_list = lists.get(folder.name)
+        if frame_list is None and (folder / f"{folder.name}.csv").is_file():
+            frame_list = folder / f"{folder.name}.csv"
+        tables.append(index_test_video(folder, frame_list, root, cfg, report))
+    tables = [t for t in tables if t is not None]
+    test = (pd.concat(tables, ignore_index=True) if tables else empty_table(TEST_COLUMNS))
+    test = test.astype({"video_id": "str", "path": "str", "event_unit": "str", "capsule": "str"})
+    test = test.sort_values(["video_id", "frame"], ignore_index=True)[TEST_COLUMNS]
+    report.layouts["test"] = {"root": cfg.test_root, "videos": int(test["video_id"].nunique()),
+                              "frames": len(test)}
+    return test
+
+
+def build_index(cfg: DataParams) -> tuple[pd.DataFrame, pd.DataFrame, IndexReport]:
+    """(labelled frames, test frames, report) for the data described by `cfg`."""
+    report = IndexReport(cfg.report_examples)
+    frames = index_galar(cfg, report)
+    test = index_test(cfg, report)
+    return frames, test, report

@@ -1,0 +1,125 @@
+"""Train/validation split by video, stratified so validation sees as many rare labels as it can.
+
+No video is in both parts (frames of one video are strongly correlated). Among `candidates`
+random assignments of videos to parts (deterministic from the seed), the kept one maximises, in
+order: labels with positives in both train and validation; labels with positives in validation;
+coverage weighted towards labels present in few videos; then balance (each label's share of
+positive frames in validation close to the validation share of videos).
+With `n_folds` > 1 the videos are cut into that many folds, scored summed over folds (so the
+partition does not depend on `fold`), and fold `fold` is the validation part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS
+from vce.core.params import require
+
+
+@dataclasses.dataclass
+class SplitParams:
+    seed: int = 42
+    val_fraction: float = 0.25
+    n_folds: int = 1
+    fold: int = 0
+    candidates: int = 2000
+
+    def check(self, section: str) -> None:
+        require(0 < self.val_fraction < 1, f"{section}.val_fraction", "must be in (0, 1)")
+        require(self.n_folds >= 1, f"{section}.n_folds", "must be >= 1 (1: one split)")
+        require(0 <= self.fold < self.n_folds, f"{section}.fold",
+                f"must be in 0..n_folds-1 (n_folds = {self.n_folds})")
+        require(self.candidates >= 1, f"{section}.candidates", "must be >= 1")
+
+
+def video_positives(frames: pd.DataFrame) -> pd.DataFrame:
+    """Positive frame counts per video (rows, sorted ids) and label (columns)."""
+    missing = [label for label in LABELS if label not in frames.columns]
+    if missing:
+        raise DataError(f"frame index has no label column(s) {missing}")
+    return frames.groupby("video_id", sort=True)[list(LABELS)].sum().astype(np.int64)
+
+
+def group_sizes(n_videos: int, cfg: SplitParams) -> list[int]:
+    """Videos per group: [train, val] for one split, else the folds' sizes."""
+    if cfg.n_folds == 1:
+        if n_videos < 2:
+            raise DataError(f"a split by video needs at least 2 videos, the index has {n_videos}")
+        n_val = int(np.clip(round(cfg.val_fraction * n_videos), 1, n_videos - 1))
+        return [n_videos - n_val, n_val]
+    if n_videos < cfg.n_folds:
+        raise DataError(f"split.n_folds = {cfg.n_folds} needs at least that many videos, "
+                         f"the index has {n_videos}")
+    return [len(part) for part in np.array_split(np.arange(n_videos), cfg.n_folds)]
+
+
+def _scores(held_out: np.ndarray, positives: np.ndarray, held_share: float) -> np.ndarray:
+    """Score keys (4, C) of candidates whose held-out videos are `held_out` (C, V) bool."""
+    present = (positives > 0).astype(np.int64)  # (V, L)
+    rarity = 1.0 / np.maximum(present.sum(0), 1)  # (L,) labels in few videos weigh more
+    val_has = held_out.astype(np.int64) @ present > 0  # (C, L)
+    train_has = (~held_out).astype(np.int64) @ present > 0
+    val_frames = held_out.astype(np.float64) @ positives  # (C, L)
+    share = val_frames / np.maximum(positives.sum(0), 1)
+    return np.stack([
+        (val_has & train_has).sum(1),
+        val_has.sum(1),
+        (val_has & train_has) @ rarity,
+        -np.abs(share - held_share).sum(1),
+    ])
+
+
+def assign_groups(positives: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
+    """Group of each video (V,): 0 train / 1 val for one split, else the fold number."""
+    n_videos = len(positives)
+    sizes = group_sizes(n_videos, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    # 1. Candidates: random orders of the videos cut into consecutive groups of `sizes`.
+    order = np.argsort(rng.random((cfg.candidates, n_videos)), axis=1)  # (C, V)
+    block = np.repeat(np.arange(len(sizes)), sizes)  # (V,) group of each position
+    groups = np.empty_like(order)
+    np.put_along_axis(groups, order, block[None, :], axis=1)  # (C, V) group of each video
+    # 2. Score every candidate; for k folds sum the scores of each fold held out.
+    values = positives.to_numpy().astype(np.float64)
+    held = [1] if cfg.n_folds == 1 else range(cfg.n_folds)
+    keys = sum(_scores(groups == g, values, sizes[g] / n_videos) for g in held)
+    # 3. Keep the best (lexsort: last key is primary); the earliest candidate wins ties.
+    ranking = np.lexsort((np.arange(cfg.candidates), *(-k for k in keys[::-1])))
+    return groups[ranking[0]]
+
+
+def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, dict]:
+    """(frames with a `split` column "train"/"val", summary of counts per split)."""
+    positives = video_positives(frames)
+    groups = assign_groups(positives, cfg)
+    val_group = 1 if cfg.n_folds == 1 else cfg.fold
+    is_val = pd.Series(groups == val_group, index=positives.index)
+    out = frames.copy()
+    out["split"] = np.where(out["video_id"].map(is_val).to_numpy(dtype=bool), "val", "train")
+    return out, summarise(out, positives, is_val, groups, cfg)
+
+
+def summarise(frames: pd.DataFrame, positives: pd.DataFrame, is_val: pd.Series,
+              groups: np.ndarray, cfg: SplitParams) -> dict:
+    parts = {"train": ~is_val, "val": is_val}
+    summary = {
+        "seed": cfg.seed, "n_folds": cfg.n_folds, "fold": cfg.fold,
+        "n_videos": {name: int(mask.sum()) for name, mask in parts.items()},
+        "n_frames": {name: int((frames["split"] == name).sum()) for name in parts},
+        "videos": {name: positives.index[mask.to_numpy()].tolist()
+                   for name, mask in parts.items()},
+        "positive_frames": {label: {name: int(positives.loc[mask.to_numpy(), label].sum())
+                                    for name, mask in parts.items()} for label in LABELS},
+        "positive_videos": {label: {name: int((positives.loc[mask.to_numpy(), label] > 0).sum())
+                                    for name, mask in parts.items()} for label in LABELS},
+    }
+    summary["labels_without_val_positives"] = [
+        label for label in LABELS if summary["positive_videos"][label]["val"] == 0]
+    if cfg.n_folds > 1:
+        summary["fold_of_video"] = {v: int(g) for v, g in zip(positives.index, groups)}
+    return summary

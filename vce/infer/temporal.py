@@ -1,0 +1,223 @@
+"""Temporal refinement: a dilated temporal convolution network over per-frame embeddings.
+
+The frame model sees one frame at a time; in a capsule video findings persist over consecutive
+frames and regions last thousands of frames, so a frame's neighbours say much about it. This
+module trains a light sequence model on the frozen embeddings `predict` writes
+(`predict.embeddings: true`) and outputs refined probabilities in the probabilities contract
+(video_id, frame, 17 float32 label columns, valid), so thresholds, events and score run on them
+unchanged (`thresholds.probs: temporal`).
+
+Model (a non-causal TCN; Bai et al. 2018, "An Empirical Evaluation of Generic Convolutional and
+Recurrent Networks for Sequence Modeling", with centred instead of causal padding since whole
+videos are available offline): standardised embeddings → Linear(D, hidden) → one residual
+block per dilation d, x ← x + Dropout(GELU(Conv1d_k,d(LayerNorm(x)))) → Linear(hidden, 17).
+The receptive field is 1 + (k − 1)·Σd frames (127 with k = 3 and dilations 1..32). Chosen
+over windowed self-attention: linear in video length, no window edges, a few seconds on CPU.
+
+Training: random crops of `chunk_frames` consecutive frames of the training videos (a video
+shorter than that is one zero-padded, masked crop), `batch_chunks` crops per step, `steps`
+AdamW steps; loss = the frame model's asymmetric focal loss (vce.losses, params `loss`) with
+its label smoothing, averaged over valid frames. Inference runs each whole video at once.
+Frames are taken in frame order; gaps in the numbering are not modelled. Invalid frames
+(undecodable) enter as the mean embedding, are left out of the loss, and keep valid=False and
+NaN probabilities in the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn as nn
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.core.params import require
+from vce.post.timeline import match_frames
+from vce.train.losses import LossParams, asymmetric_loss
+
+
+@dataclass
+class TemporalParams:
+    hidden: int = 64
+    kernel_size: int = 3
+    dilations: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    dropout: float = 0.1
+    steps: int = 300
+    batch_chunks: int = 8
+    chunk_frames: int = 256
+    lr: float = 1.0e-3
+    weight_decay: float = 1.0e-4
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def check(self, section: str = "temporal") -> None:
+        require(self.hidden >= 1, f"{section}.hidden", f"must be >= 1, got {self.hidden}")
+        require(self.kernel_size >= 1 and self.kernel_size % 2 == 1, f"{section}.kernel_size",
+                f"must be an odd integer >= 1, got {self.kernel_size}")
+        require(len(self.dilations) > 0 and all(d >= 1 for d in self.dilations), f"{section}.dilations",
+                "must be a non-empty list of integers >= 1")
+        require(0.0 <= self.dropout < 1.0, f"{section}.dropout", f"must be in [0, 1), got {self.dropout}")
+        for key in ("steps", "batch_chunks", "chunk_frames"):
+            require(getattr(self, key) >= 1, f"{section}.{key}", f"must be >= 1, got {getattr(self, key)}")
+        require(self.lr > 0, f"{section}.lr", f"must be > 0, got {self.lr}")
+        require(self.weight_decay >= 0, f"{section}.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(self.device in ("auto", "cpu", "cuda"), f"{section}.device", "must be auto, cpu or cuda")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass
+class Sequences:
+    """Frames of several videos, sorted by (video_id, frame), with per-video row offsets."""
+
+    frames: pd.DataFrame  # video_id, frame
+    embeddings: np.ndarray  # (N, D) float32
+    valid: np.ndarray  # (N,) bool
+    labels: np.ndarray | None  # (N, 17) uint8, or None for unlabelled frames
+    offsets: np.ndarray  # (V + 1,) first row of each video, then N
+
+
+def read_embeddings(path) -> tuple[pd.DataFrame, np.ndarray]:
+    """(video_id, frame) rows sorted by video and frame, and their (N, D) float32 embeddings."""
+    table = pq.read_table(path)
+    missing = [c for c in ("video_id", "frame", "embedding") if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: not an embeddings file (lacks column(s) {missing})")
+    column = table.column("embedding").combine_chunks()
+    if not pa.types.is_fixed_size_list(column.type):
+        raise DataError(f"{path}: embedding column must be a fixed-size list, got {column.type}")
+    dim = column.type.list_size
+    embeddings = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+    frames = pd.DataFrame({"video_id": table.column("video_id").to_numpy(zero_copy_only=False).astype(str),
+                           "frame": table.column("frame").to_numpy().astype(np.int64)})
+    order = np.lexsort((frames["frame"].to_numpy(), frames["video_id"].to_numpy()))
+    return frames.iloc[order].reset_index(drop=True), embeddings[order]
+
+
+def build_sequences(frames: pd.DataFrame, embeddings: np.ndarray, valid: np.ndarray | None = None,
+                    labels: np.ndarray | None = None) -> Sequences:
+    """Sequences from rows already sorted by (video_id, frame)."""
+    n = len(frames)
+    video_ids = frames["video_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, video_ids[1:] != video_ids[:-1]]) if n else np.zeros(0, np.int64)
+    return Sequences(frames=frames[["video_id", "frame"]].reset_index(drop=True),
+                     embeddings=np.asarray(embeddings, np.float32),
+                     valid=np.ones(n, bool) if valid is None else np.asarray(valid, bool),
+                     labels=labels, offsets=np.append(starts, n).astype(np.int64))
+
+
+def align(frames: pd.DataFrame, other: pd.DataFrame, columns: list[str], where: str) -> pd.DataFrame:
+    """`other`'s `columns` for each (video_id, frame) row of `frames`; every row must match."""
+    keys = frames[["video_id", "frame"]].astype({"video_id": str})
+    right = other[["video_id", "frame", *columns]].astype({"video_id": str})
+    return match_frames(keys, right, f"embedding row(s) have no match in {where}")[columns]
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class TemporalBlock(nn.Module):
+    def __init__(self, hidden: int, kernel_size: int, dilation: int, dropout: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.conv = nn.Conv1d(hidden, hidden, kernel_size, dilation=dilation, padding=dilation * (kernel_size - 1) // 2)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+        y = self.conv(self.norm(x).transpose(1, 2)).transpose(1, 2)  # (B, H, T) -> (B, T, H)
+        return x + self.drop(self.act(y))
+
+
+class TemporalConvNet(nn.Module):
+    """(B, T, D) embeddings -> (B, T, 17) logits; the input standardisation is part of the model."""
+
+    def __init__(self, embed_dim: int, params: TemporalParams):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(embed_dim))
+        self.register_buffer("std", torch.ones(embed_dim))
+        self.inp = nn.Linear(embed_dim, params.hidden)
+        self.blocks = nn.ModuleList(TemporalBlock(params.hidden, params.kernel_size, d, params.dropout)
+                                    for d in params.dilations)
+        self.head = nn.Sequential(nn.LayerNorm(params.hidden), nn.Linear(params.hidden, NUM_LABELS))
+
+    def forward(self, embeddings: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        x = (embeddings - self.mean) / self.std * valid.unsqueeze(-1)  # invalid frames -> the mean
+        x = self.inp(x)  # (B, T, H)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)  # (B, T, 17)
+
+
+def _crop_batch(seq: Sequences, chunk: int, count: int, rng: np.random.Generator):
+    """`count` random crops of `chunk` frames: (B, C, D) embeddings, (B, C) valid, (B, C, 17) labels."""
+    lengths = np.diff(seq.offsets)
+    video = rng.choice(len(lengths), size=count, p=lengths / lengths.sum())
+    start = seq.offsets[video] + (rng.random(count) * np.maximum(lengths[video] - chunk + 1, 1)).astype(np.int64)
+    take = np.minimum(lengths[video], chunk)
+    rows = start[:, None] + np.arange(chunk)[None, :]  # (B, C)
+    inside = np.arange(chunk)[None, :] < take[:, None]
+    rows = np.where(inside, rows, 0)
+    return seq.embeddings[rows], seq.valid[rows] & inside, seq.labels[rows]
+
+
+def train_temporal(train: Sequences, params: TemporalParams, loss_params: LossParams, seed: int,
+                   device: torch.device) -> tuple[TemporalConvNet, list[float]]:
+    """Train on random crops of the training videos; returns the model (eval mode) and step losses."""
+    if train.labels is None or len(train.frames) == 0:
+        raise DataError("temporal: no labelled training frames")
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = TemporalConvNet(train.embeddings.shape[1], params)
+    usable = train.embeddings[train.valid]
+    model.mean.copy_(torch.from_numpy(usable.mean(axis=0)))
+    model.std.copy_(torch.from_numpy(usable.std(axis=0) + 1e-6))
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=params.lr, weight_decay=params.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=params.lr, total_steps=params.steps, pct_start=0.1)
+    smoothing = loss_params.label_smoothing
+    losses = []
+    for _ in range(params.steps):
+        embeddings, valid, labels = _crop_batch(train, params.chunk_frames, params.batch_chunks, rng)
+        embeddings = torch.from_numpy(embeddings).to(device)
+        valid = torch.from_numpy(valid).to(device)
+        targets = smoothing + (1 - 2 * smoothing) * torch.from_numpy(labels).to(device).float()  # (B, C, 17)
+        logits = model(embeddings, valid.float())
+        per_frame = asymmetric_loss(logits, targets, loss_params.gamma_pos, loss_params.gamma_neg,
+                                    loss_params.clip, loss_params.eps).mean(dim=-1)  # (B, C)
+        loss = (per_frame * valid).sum() / valid.sum().clamp(min=1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    return model.eval(), losses
+
+
+@torch.no_grad()
+def refine(model: TemporalConvNet, seq: Sequences, device: torch.device) -> np.ndarray:
+    """(N, 17) float32 refined probabilities, each video at once; NaN on invalid frames."""
+    probs = np.full((len(seq.frames), NUM_LABELS), np.nan, np.float32)
+    for first, end in zip(seq.offsets[:-1], seq.offsets[1:]):
+        embeddings = torch.tensor(seq.embeddings[first:end], device=device)[None]  # (1, T, D)
+        valid = torch.tensor(seq.valid[first:end], device=device).float()[None]  # (1, T)
+        probs[first:end] = torch.sigmoid(model(embeddings, valid))[0].float().cpu().numpy()
+    probs[~seq.valid] = np.nan
+    return probs
+
+
+def probs_frame(seq: Sequences, probs: np.ndarray) -> pd.DataFrame:
+    """The probabilities contract: video_id, frame, 17 float32 label columns, valid."""
+    table = seq.frames[["video_id", "frame"]].copy()
+    table["video_id"] = table["video_id"].astype(str)
+    table["frame"] = table["frame"].astype(np.int64)
+    for k, label in enumerate(LABELS):
+        table[label] = probs[:, k].astype(np.float32)
+    table["valid"] = seq.valid.astype(bool)
+    return table

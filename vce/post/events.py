@@ -1,0 +1,428 @@
+"""Frame probabilities -> temporal events in the official submission format.
+
+Pipeline (per label, then per video; every knob in `EventParams` / params.yaml `events`):
+
+1. threshold: a frame is active for a label when its probability >= the label's threshold;
+2. median filter over `median_window` frames (binary majority of the observed frames in the
+   centred window; a tie, possible next to gaps, keeps the frame's own value);
+3. fill gaps of at most `fill_gap` frames between active runs (missing and invalid frames are
+   gaps too, so they can be bridged);
+4. drop runs shorter than `min_length` frames;
+5. presence decision per (video, label): an absent label left unpredicted scores AP 1 and a
+   single false event scores 0 (REFERENCE.md "The official metric"), so a label is kept in a
+   video only when its evidence passes `presence` (strongest event mean probability, or total
+   event frames);
+6. events: `tuple` cuts a new event whenever the set of active labels changes, as the official
+   ground truth is built (so region labels are fragmented like the ground truth); `per_label`
+   writes each label's runs on their own. Events of a video are written most confident first
+   (mean probability inside the event), since file order is the ranking AP uses.
+
+With `anatomy: viterbi`, before step 5 the five region labels are replaced by one monotone
+region path per video and landmarks are confined to its boundaries (`vce.anatomy`): region
+thresholds and smoothing knobs then have no effect.
+
+All videos are laid end to end on one dense frame axis (`Timeline`): missing times become
+unobserved frames, long gaps are shortened to a length no step can see across, and videos are
+separated by such gaps, so every step is one vectorised pass over all videos.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from vce.core.errors import DataError, ParamsError
+from vce.core.io import atomic_path
+from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
+from vce.core.params import require
+from vce.post.anatomy import anatomy_runs
+
+# Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
+LABEL_KNOBS = {"median_window": int, "fill_gap": int, "min_length": int, "presence_threshold": float, "presence_min_frames": int}
+
+
+@dataclass
+class EventParams:
+    style: Literal["tuple", "per_label"] = "tuple"
+    median_window: int = 7
+    fill_gap: int = 5
+    min_length: int = 3
+    presence: Literal["none", "max", "frames"] = "max"
+    presence_threshold: float = 0.9
+    presence_min_frames: int = 1
+    multi_label: bool = True
+    per_label: dict = field(default_factory=dict)  # label -> {knob: value} overriding LABEL_KNOBS
+    anatomy: Literal["none", "viterbi"] = "none"  # viterbi: regions from one monotone path (vce.anatomy)
+    emission: Literal["probs", "runs"] = "probs"  # viterbi: region scores from probabilities or thresholded runs
+    switch_penalty: float = 10.0  # viterbi: cost of each region switch (log-probability units; frames for runs)
+    landmarks: Literal["window", "peak"] = "window"  # viterbi: landmark runs kept near / placed at boundaries
+    landmark_window: int = 30  # viterbi: frames either side of a decoded boundary where its landmark may fire
+    landmark_length: int = 3  # viterbi, peak: frames of the event placed at the landmark's peak
+
+    def for_label(self, label: str) -> EventParams:
+        """The knobs that apply to `label` (its overrides over the shared values)."""
+        overrides = self.per_label.get(label)
+        return dataclasses.replace(self, **overrides, per_label={}) if overrides else self
+
+    def max_reach(self) -> int:
+        """Longest median half-window or gap fill any label uses (the timeline must allow it)."""
+        labels = [self] + [self.for_label(label) for label in self.per_label]
+        return max(max(p.median_window // 2, p.fill_gap) for p in labels)
+
+    def check(self, section: str = "events") -> None:
+        require(self.style in ("tuple", "per_label"), f"{section}.style", "must be tuple or per_label")
+        require(
+            self.median_window >= 1 and self.median_window % 2 == 1,
+            f"{section}.median_window",
+            f"must be an odd integer >= 1, got {self.median_window}",
+        )
+        require(self.fill_gap >= 0, f"{section}.fill_gap", f"must be >= 0, got {self.fill_gap}")
+        require(self.min_length >= 1, f"{section}.min_length", f"must be >= 1, got {self.min_length}")
+        require(
+            self.presence in ("none", "max", "frames"),
+            f"{section}.presence",
+            f"must be one of none, max, frames; got {self.presence!r}",
+        )
+        require(
+            0.0 <= self.presence_threshold <= 1.0,
+            f"{section}.presence_threshold",
+            f"must be in [0, 1], got {self.presence_threshold}",
+        )
+        require(
+            self.presence_min_frames >= 1,
+            f"{section}.presence_min_frames",
+            f"must be >= 1, got {self.presence_min_frames}",
+        )
+        require(self.anatomy in ("none", "viterbi"), f"{section}.anatomy", f"must be none or viterbi, got {self.anatomy!r}")
+        require(self.emission in ("probs", "runs"), f"{section}.emission", f"must be probs or runs, got {self.emission!r}")
+        require(self.switch_penalty >= 0, f"{section}.switch_penalty", f"must be >= 0, got {self.switch_penalty}")
+        require(self.landmarks in ("window", "peak"), f"{section}.landmarks", f"must be window or peak, got {self.landmarks!r}")
+        require(self.landmark_window >= 0, f"{section}.landmark_window", f"must be >= 0, got {self.landmark_window}")
+        require(self.landmark_length >= 1, f"{section}.landmark_length", f"must be >= 1, got {self.landmark_length}")
+        require(isinstance(self.per_label, dict), f"{section}.per_label", "must be a mapping label -> {knob: value}")
+        for label, overrides in self.per_label.items():
+            key = f"{section}.per_label.{label}"
+            require(label in LABEL_INDEX, f"{section}.per_label", f"unknown label {label!r}; allowed: {list(LABELS)}")
+            require(
+                isinstance(overrides, dict) and set(overrides) <= set(LABEL_KNOBS),
+                key,
+                f"must be a mapping with keys among {list(LABEL_KNOBS)}",
+            )
+            for knob, value in overrides.items():
+                kind = LABEL_KNOBS[knob]
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                require(ok and (kind is float or isinstance(value, int)), f"{key}.{knob}", f"must be {kind.__name__}, got {value!r}")
+            self.for_label(label).check(key)
+
+
+# ----------------------------------------------------------------------------- the frame axis
+
+
+@dataclass
+class Timeline:
+    """All videos' frames on one dense axis of P positions (videos separated by unobserved gaps)."""
+
+    video_ids: list[str]
+    video_first: np.ndarray  # (V,) dense position of each video's first row
+    time: np.ndarray  # (P,) int64 time (event unit) of each position; meaningless in separators
+    observed: np.ndarray  # (P,) bool: a valid frame with probabilities
+    probs: np.ndarray  # (17, P) float32, NaN where not observed; label-major for column passes
+    observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
+    max_reach: int  # no window or gap fill longer than this may be used on this timeline
+    prob_cums: dict = field(default_factory=dict)  # label -> (P+1,) prefix sums of probs, filled lazily
+    region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.anatomy)
+
+
+def build_timeline(
+    frame_probs: pd.DataFrame, time_col: str = "t", max_reach: int = 64, columns=LABELS
+) -> Timeline:
+    """Lay the rows of `frame_probs` on a dense axis; gaps longer than `max_reach` are shortened.
+
+    A gap of missing times is kept as unobserved positions up to `max_reach + 1` long: no median
+    window half-width or gap fill up to `max_reach` can see across a longer one, so shortening
+    it changes nothing.
+    """
+    missing = [c for c in ("video_id", time_col, *columns) if c not in frame_probs.columns]
+    if missing:
+        raise DataError(f"frame probabilities lack column(s) {missing}")
+    cap = max_reach + 1
+    video_codes, video_ids = pd.factorize(frame_probs["video_id"], sort=False)
+    times = frame_probs[time_col].to_numpy(dtype=np.int64)
+    order = np.lexsort((times, video_codes))
+    video_codes, times = video_codes[order], times[order]
+    n = len(times)
+    new_video = np.ones(n, dtype=bool)
+    new_video[1:] = video_codes[1:] != video_codes[:-1]
+    step = np.empty(n, dtype=np.int64)
+    step[0] = 0
+    step[1:] = times[1:] - times[:-1]
+    duplicate = (~new_video) & (step == 0)
+    if duplicate.any():
+        r = int(np.flatnonzero(duplicate)[0])
+        raise DataError(f"frame probabilities: duplicate row for video {video_ids[video_codes[r]]} {time_col}={times[r]}")
+    # 1. Positions: each row after the missing frames before it (capped); `cap` separates videos.
+    inserted = np.where(new_video, cap, np.minimum(step - 1, cap))
+    position = np.arange(n) + np.cumsum(inserted)
+    size = int(position[-1]) + 1 + cap if n else cap
+    # 2. Time of every position: the last row at or before it, plus the frames since.
+    last_row = np.full(size, -1, dtype=np.int64)
+    last_row[position] = np.arange(n)
+    last_row = np.maximum.accumulate(last_row)
+    before_first = last_row < 0
+    last_row[before_first] = 0
+    time = times[last_row] + (np.arange(size) - position[last_row]) if n else np.zeros(size, np.int64)
+    # 3. Observed frames and their probabilities (invalid rows stay unobserved), column by column.
+    in_order = bool((order == np.arange(n)).all())
+    probs = np.full((len(columns), size), np.nan, dtype=np.float32)
+    valid = np.ones(n, dtype=bool)
+    for k, label in enumerate(columns):
+        column = frame_probs[label].to_numpy(dtype=np.float32)
+        column = column if in_order else column[order]
+        valid &= np.isfinite(column)
+        probs[k, position] = column
+    if "valid" in frame_probs.columns:
+        flags = frame_probs["valid"].to_numpy(dtype=bool)
+        valid &= flags if in_order else flags[order]
+    if not valid.all():
+        probs[:, position[~valid]] = np.nan
+    observed = np.zeros(size, dtype=bool)
+    observed[position[valid]] = True
+    observed_cum = np.concatenate([[0], np.cumsum(observed, dtype=np.int64)])
+    return Timeline(
+        video_ids=[str(v) for v in video_ids],
+        video_first=position[new_video],
+        time=time,
+        observed=observed,
+        probs=probs,
+        observed_cum=observed_cum,
+        max_reach=max_reach,
+    )
+
+
+# ----------------------------------------------------------------------------- per-label runs
+
+
+def label_runs(timeline: Timeline, k: int, threshold: float, params: EventParams) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-4 for label k: (start, end) dense positions (inclusive) of its runs, in time order."""
+    params = params.for_label(LABELS[k])
+    if params.max_reach() > timeline.max_reach:
+        raise ParamsError(f"events: median_window/fill_gap reach {params.max_reach()} exceeds the timeline's {timeline.max_reach}")
+    active = timeline.probs[k] >= threshold  # (P,) NaN compares False
+    # 2. Median filter = majority of observed frames in the window (prefix sums; separators pad the ends).
+    half = params.median_window // 2
+    if half > 0:
+        size = len(active)
+        active_cum = np.concatenate([[0], np.cumsum(active, dtype=np.int32)])
+        width = 2 * half + 1
+        active_count = np.zeros(size, dtype=np.int32)
+        observed_count = np.zeros(size, dtype=np.int32)
+        active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
+        observed_count[half : size - half] = (
+            timeline.observed_cum[width:] - timeline.observed_cum[: size - width + 1]
+        )
+        twice = 2 * active_count
+        active = timeline.observed & ((twice > observed_count) | ((twice == observed_count) & active))
+    # Runs of active positions.
+    edges = np.diff(active.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1) - 1
+    # 3. Fill gaps of at most fill_gap frames (a gap of missing frames counts the same).
+    if len(starts) > 1:
+        bridged = (starts[1:] - ends[:-1] - 1) <= params.fill_gap
+        starts = starts[np.concatenate([[True], ~bridged])]
+        ends = ends[np.concatenate([~bridged, [True]])]
+    # 4. Drop short runs.
+    long_enough = ends - starts + 1 >= params.min_length
+    return starts[long_enough], ends[long_enough]
+
+
+def _mean_prob(timeline: Timeline, prob_cum: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Mean probability over the observed frames of each [start, end] (1 frame at least)."""
+    frames = timeline.observed_cum[ends + 1] - timeline.observed_cum[starts]
+    return (prob_cum[ends + 1] - prob_cum[starts]) / np.maximum(frames, 1)
+
+
+def _prob_cum(timeline: Timeline, k: int) -> np.ndarray:
+    if k not in timeline.prob_cums:
+        probs = np.nan_to_num(timeline.probs[k], nan=0.0)
+        timeline.prob_cums[k] = np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
+    return timeline.prob_cums[k]
+
+
+def _video_of(timeline: Timeline, positions: np.ndarray) -> np.ndarray:
+    return np.searchsorted(timeline.video_first, positions, side="right") - 1
+
+
+def apply_presence(timeline, runs, confidences, params: EventParams):
+    """Step 5: keep a label's runs in a video only when the video's evidence for it passes."""
+    if params.presence == "none":
+        return runs
+    n_videos = len(timeline.video_ids)
+    kept = []
+    for label, (starts, ends), confidence in zip(LABELS, runs, confidences):
+        label_params = params.for_label(label)
+        video = _video_of(timeline, starts)
+        if label_params.presence == "max":
+            best = np.full(n_videos, -np.inf)
+            np.maximum.at(best, video, confidence)
+            present = best >= label_params.presence_threshold
+        else:
+            frames = np.bincount(video, weights=ends - starts + 1, minlength=n_videos)
+            present = frames >= label_params.presence_min_frames
+        keep = present[video]
+        kept.append((starts[keep], ends[keep]))
+    return kept
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def _tuple_segments(timeline: Timeline, runs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut the axis wherever the set of active labels changes: (start, end, label bitmask)."""
+    size = len(timeline.observed)
+    code = np.zeros(size, dtype=np.int32)
+    for k, (starts, ends) in enumerate(runs):
+        if len(starts) == 0:
+            continue
+        marks = np.zeros(size + 1, dtype=np.int8)
+        marks[starts] = 1
+        marks[ends + 1] = -1  # runs of one label are separated by >= 1 frame: no collision
+        code |= np.cumsum(marks[:-1], dtype=np.int8).astype(np.int32) << k
+    change = np.flatnonzero(code[1:] != code[:-1]) + 1
+    seg_starts = np.concatenate([[0], change])
+    seg_ends = np.concatenate([change - 1, [size - 1]])
+    seg_codes = code[seg_starts]
+    active = seg_codes != 0
+    return seg_starts[active], seg_ends[active], seg_codes[active]
+
+
+def _event_records(timeline: Timeline, runs, params: EventParams, with_confidence: bool):
+    """(start, end, label mask, confidence) per event; confidence = mean probability inside."""
+
+    def confidence(k, starts, ends):
+        if not with_confidence:
+            return np.zeros(len(starts))
+        return _mean_prob(timeline, _prob_cum(timeline, k), starts, ends)
+
+    records = []  # list of (starts, ends, masks, confidences)
+    if params.style == "per_label":
+        for k, (starts, ends) in enumerate(runs):
+            records.append((starts, ends, np.full(len(starts), 1 << k, np.int64), confidence(k, starts, ends)))
+    else:
+        seg_starts, seg_ends, seg_codes = _tuple_segments(timeline, runs)
+        per_label_conf = np.zeros((NUM_LABELS, len(seg_starts)))
+        for k in range(NUM_LABELS):
+            has = (seg_codes >> k) & 1 == 1
+            if has.any():
+                per_label_conf[k, has] = confidence(k, seg_starts[has], seg_ends[has])
+                if not params.multi_label:
+                    records.append((seg_starts[has], seg_ends[has], np.full(int(has.sum()), 1 << k, np.int64), per_label_conf[k, has]))
+        if params.multi_label:
+            bits = (seg_codes[None, :] >> np.arange(NUM_LABELS)[:, None]) & 1  # (17, S)
+            n_labels = np.maximum(bits.sum(axis=0), 1)
+            records.append((seg_starts, seg_ends, seg_codes.astype(np.int64), (per_label_conf * bits).sum(axis=0) / n_labels))
+    if not records:
+        empty = np.empty(0, np.int64)
+        return empty, empty, empty, np.empty(0)
+    return tuple(np.concatenate(parts) for parts in zip(*records))
+
+
+def _label_names(mask: int, cache: dict) -> list[str]:
+    """Label list of a bitmask, alphabetical as in the official ground truth."""
+    if mask not in cache:
+        cache[mask] = sorted(LABELS[k] for k in range(NUM_LABELS) if mask >> k & 1)
+    return list(cache[mask])
+
+
+def _submission(timeline: Timeline, starts, ends, masks, confidences, by_confidence: bool) -> dict:
+    video = _video_of(timeline, starts)
+    # Per video: most confident first (ties and time order: earliest first).
+    order = np.lexsort((starts, -confidences, video)) if by_confidence else np.lexsort((starts, video))
+    names: dict = {}
+    videos = [{"video_id": video_id, "events": []} for video_id in timeline.video_ids]
+    for v, s, e, m in zip(
+        video[order].tolist(),
+        timeline.time[starts[order]].tolist(),
+        timeline.time[ends[order]].tolist(),
+        masks[order].tolist(),
+    ):
+        videos[v]["events"].append({"start": s, "end": e, "label": _label_names(m, names)})
+    return {"videos": videos}
+
+
+def timeline_runs(timeline: Timeline, thresholds: dict[str, float], params: EventParams) -> list:
+    """Steps 1-4 for every label: [(starts, ends)] in LABELS order."""
+    missing = [label for label in LABELS if label not in thresholds]
+    if missing:
+        raise DataError(f"thresholds lack label(s) {missing}")
+    return [label_runs(timeline, k, float(thresholds[label]), params) for k, label in enumerate(LABELS)]
+
+
+def runs_to_submission(timeline: Timeline, runs, params: EventParams) -> dict:
+    """Steps 5-6 from per-label runs (regions and landmarks decoded first when `anatomy` asks)."""
+    if params.anatomy != "none":
+        runs = anatomy_runs(timeline, runs, params)
+    if params.presence != "none":
+        confidences = [
+            _mean_prob(timeline, _prob_cum(timeline, k), starts, ends) if len(starts) else np.empty(0)
+            for k, (starts, ends) in enumerate(runs)
+        ]
+        runs = apply_presence(timeline, runs, confidences, params)
+    return _submission(timeline, *_event_records(timeline, runs, params, with_confidence=True), by_confidence=True)
+
+
+def probs_to_submission(
+    frame_probs: pd.DataFrame, thresholds: dict[str, float], params: EventParams, time_col: str = "t"
+) -> dict:
+    """Official submission dict from frame probabilities (columns video_id, time_col, 17 labels[, valid])."""
+    timeline = build_timeline(frame_probs, time_col, max_reach=params.max_reach())
+    return runs_to_submission(timeline, timeline_runs(timeline, thresholds, params), params)
+
+
+def labels_to_submission(frame_labels: pd.DataFrame, time_col: str = "t") -> dict:
+    """Ground-truth events from 0/1 label columns, built as the official ground truth is.
+
+    A new event whenever the set of active labels changes (no smoothing); frames with no active
+    label, and missing times, produce no event; events in time order, label lists alphabetical.
+    """
+    raw = EventParams(style="tuple", median_window=1, fill_gap=0, min_length=1, presence="none")
+    timeline = build_timeline(frame_labels, time_col, max_reach=1)
+    runs = timeline_runs(timeline, {label: 0.5 for label in LABELS}, raw)
+    return _submission(timeline, *_event_records(timeline, runs, raw, with_confidence=False), by_confidence=False)
+
+
+_XLSX_TIME = datetime.datetime(2026, 1, 1)
+
+
+def write_xlsx(sub: dict, path) -> None:
+    """The submission as a spreadsheet: video_id, start, end, label (comma-joined), atomically."""
+    rows = [
+        (video["video_id"], event["start"], event["end"], ",".join(event["label"]))
+        for video in sub["videos"]
+        for event in video["events"]
+    ]
+    table = pd.DataFrame(rows, columns=["video_id", "start", "end", "label"])
+    with atomic_path(path) as tmp:
+        with pd.ExcelWriter(tmp, engine="openpyxl") as writer:
+            table.to_excel(writer, index=False)
+            writer.book.properties.created = _XLSX_TIME
+        _fix_zip_times(tmp)
+
+
+def _fix_zip_times(path) -> None:
+    """Same events, same bytes (and DVC hash): rewrite the .xlsx zip with fixed entry times."""
+    with zipfile.ZipFile(path) as source:
+        entries = [(info.filename, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as target:
+        for name, data in entries:
+            if name == "docProps/core.xml":  # openpyxl stamps the save time as `modified`
+                data = re.sub(rb"(<dcterms:modified[^>]*>)[^<]*", rb"\g<1>2026-01-01T00:00:00Z", data)
+            target.writestr(zipfile.ZipInfo(name, date_time=_XLSX_TIME.timetuple()[:6]), data,
+                            compress_type=zipfile.ZIP_DEFLATED)

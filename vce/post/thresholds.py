@@ -1,0 +1,265 @@
+"""Per-class frame thresholds: F1 on validation frames (the seed's way), or tuned on temporal mAP.
+
+`f1_thresholds` maximises each class's frame F1 over a grid, searching from `low_start` for
+classes under `low_support` frame support as the seed does (REFERENCE.md "The seed system").
+
+`tune_on_map` searches thresholds and the events post-processing knobs directly on the
+validation temporal mAP (`vce.score`), because that is what is scored and its sharp edges
+(an absent label left unpredicted is worth AP 1, one false event in that video makes it 0;
+events are ranked by file order) are invisible to frame F1. Coordinate ascent, coarse to fine:
+
+0. the given thresholds, or every label off (the empty submission) if that scores better;
+1. each label's threshold over `coarse_grid`, which ends with `off_threshold` (> 1: the label
+   never fires, so every video where it is absent keeps AP 1);
+2. the event style and each shared post-processing knob over its grid;
+3. per label that fires: its own knobs (`EventParams.per_label` overrides), then its threshold
+   over the coarse grid again;
+4. `rounds` refinement passes: each label's threshold +- `refine_step`, the step halved per round.
+
+A change is kept only when it raises the objective, so the result never scores below the start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS, NUM_LABELS
+from vce.core.params import require
+from vce.eval.score import score
+from vce.post.events import (
+    EventParams,
+    Timeline,
+    build_timeline,
+    label_runs,
+    runs_to_submission,
+)
+
+OBJECTIVES = ("mean", "map@0.5", "map@0.95")
+
+
+@dataclass
+class ThresholdParams:
+    method: Literal["f1", "map"] = "f1"
+    low_support: float = 0.01
+    low_start: float = 0.05
+    grid_start: float = 0.10
+    grid_stop: float = 0.95
+    grid_step: float = 0.01
+    off_threshold: float = 1.01
+    objective: Literal["mean", "map@0.5", "map@0.95"] = "mean"
+    coarse_grid: list[float] = field(
+        default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01]
+    )
+    rounds: int = 2
+    refine_step: float = 0.04
+    styles: list[str] = field(default_factory=lambda: ["tuple", "per_label"])
+    median_windows: list[int] = field(default_factory=lambda: [1, 3, 7, 15, 31])
+    fill_gaps: list[int] = field(default_factory=lambda: [0, 5, 15, 30])
+    min_lengths: list[int] = field(default_factory=lambda: [1, 3, 6, 10])
+    presence_thresholds: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.5, 0.7, 0.9])
+
+    def check(self, section: str = "thresholds") -> None:
+        require(self.method in ("f1", "map"), f"{section}.method", "must be f1 or map")
+        require(0.0 <= self.low_support <= 1.0, f"{section}.low_support", "must be in [0, 1]")
+        for key in ("low_start", "grid_start", "grid_stop"):
+            require(0.0 <= getattr(self, key) <= 1.0, f"{section}.{key}", "must be in [0, 1]")
+        require(self.grid_start <= self.grid_stop, f"{section}.grid_start", "must be <= grid_stop")
+        require(0.0 < self.grid_step <= 1.0, f"{section}.grid_step", "must be in (0, 1]")
+        require(self.off_threshold > 1.0, f"{section}.off_threshold", "must be > 1 (a threshold no probability reaches)")
+        require(self.objective in OBJECTIVES, f"{section}.objective", f"must be one of {list(OBJECTIVES)}")
+        require(
+            len(self.coarse_grid) > 0 and all(0.0 <= t <= self.off_threshold for t in self.coarse_grid),
+            f"{section}.coarse_grid",
+            "must be a non-empty list of thresholds in [0, off_threshold]",
+        )
+        require(self.rounds >= 0, f"{section}.rounds", "must be >= 0")
+        require(0.0 < self.refine_step < 1.0, f"{section}.refine_step", "must be in (0, 1)")
+        require(
+            len(self.styles) > 0 and all(style in ("tuple", "per_label") for style in self.styles),
+            f"{section}.styles",
+            "must be a non-empty list of tuple / per_label",
+        )
+        require(
+            len(self.median_windows) > 0 and all(w >= 1 and w % 2 == 1 for w in self.median_windows),
+            f"{section}.median_windows",
+            "must be a non-empty list of odd integers >= 1",
+        )
+        require(len(self.fill_gaps) > 0 and all(g >= 0 for g in self.fill_gaps), f"{section}.fill_gaps", "must be a non-empty list of integers >= 0")
+        require(len(self.min_lengths) > 0 and all(m >= 1 for m in self.min_lengths), f"{section}.min_lengths", "must be a non-empty list of integers >= 1")
+        require(
+            len(self.presence_thresholds) > 0 and all(0.0 <= t <= 1.0 for t in self.presence_thresholds),
+            f"{section}.presence_thresholds",
+            "must be a non-empty list of numbers in [0, 1]",
+        )
+
+
+# ----------------------------------------------------------------------------- F1
+
+
+def _best_f1_threshold(y_true: np.ndarray, y_prob: np.ndarray, grid: np.ndarray) -> float:
+    """The grid threshold with the highest frame F1 (prob >= threshold fires); lowest on ties."""
+    positives = np.sort(y_prob[y_true == 1])
+    everything = np.sort(y_prob)
+    fired = len(everything) - np.searchsorted(everything, grid, side="left")
+    true_positives = len(positives) - np.searchsorted(positives, grid, side="left")
+    f1 = 2 * true_positives / np.maximum(fired + len(positives), 1)
+    return float(grid[int(np.argmax(f1))])
+
+
+def f1_thresholds(y_true: np.ndarray, y_prob: np.ndarray, params: ThresholdParams) -> dict[str, float]:
+    """Per-class threshold maximising frame F1 on validation frames.
+
+    Grid: `grid_start` .. `grid_stop` by `grid_step`, from `low_start` instead for classes whose
+    positive fraction is under `low_support`. A class without validation positives gets
+    `off_threshold` (never fires): an absent label left unpredicted scores AP 1 in every video.
+    Rows with a NaN probability (invalid frames) are ignored.
+    """
+    y_true = np.asarray(y_true)
+    y_prob = np.asarray(y_prob, dtype=np.float64)
+    if y_true.shape != y_prob.shape or y_true.ndim != 2 or y_true.shape[1] != NUM_LABELS:
+        raise ValueError(f"f1_thresholds: expected two (N, {NUM_LABELS}) arrays, got {y_true.shape} and {y_prob.shape}")
+    valid = np.isfinite(y_prob).all(axis=1)
+    y_true, y_prob = y_true[valid], y_prob[valid]
+    thresholds = {}
+    for k, label in enumerate(LABELS):
+        support = float(y_true[:, k].mean()) if len(y_true) else 0.0
+        if support == 0.0:
+            thresholds[label] = params.off_threshold
+            continue
+        start = params.low_start if support < params.low_support else params.grid_start
+        grid = np.round(np.arange(start, params.grid_stop + params.grid_step / 2, params.grid_step), 6)
+        thresholds[label] = _best_f1_threshold(y_true[:, k], y_prob[:, k], grid)
+    return thresholds
+
+
+# ----------------------------------------------------------------------------- temporal mAP
+
+
+class _MapObjective:
+    """Validation temporal mAP of (thresholds, event params), with per-label runs cached."""
+
+    def __init__(self, timeline: Timeline, gt: dict, objective: str):
+        self.timeline, self.gt, self.objective = timeline, gt, objective
+        self.runs_cache: dict = {}
+        self.evaluations = 0
+
+    def runs(self, k: int, threshold: float, params: EventParams):
+        knobs = params.for_label(LABELS[k])
+        key = (k, threshold, knobs.median_window, knobs.fill_gap, knobs.min_length)
+        if key not in self.runs_cache:
+            if len(self.runs_cache) > 4000:
+                self.runs_cache.clear()
+            self.runs_cache[key] = label_runs(self.timeline, k, threshold, params)
+        return self.runs_cache[key]
+
+    def __call__(self, thresholds: dict, params: EventParams) -> float:
+        runs = [self.runs(k, thresholds[label], params) for k, label in enumerate(LABELS)]
+        result = score(self.gt, runs_to_submission(self.timeline, runs, params), check=False)
+        self.evaluations += 1
+        if self.objective == "mean":
+            return (result["map@0.5"] + result["map@0.95"]) / 2
+        return result[self.objective]
+
+
+def _validation_gt(gt: dict, video_ids: list[str]) -> dict:
+    by_id = {str(video["video_id"]): video for video in gt["videos"]}
+    missing = [v for v in video_ids if v not in by_id]
+    if missing:
+        raise DataError(f"tune_on_map: ground truth lacks video(s) {missing[:5]} present in the frame probabilities")
+    return {"videos": [by_id[v] for v in video_ids]}
+
+
+def _with_override(params: EventParams, label: str, knob: str, value) -> EventParams:
+    per_label = {**params.per_label, label: {**params.per_label.get(label, {}), knob: value}}
+    return dataclasses.replace(params, per_label=per_label)
+
+
+def tune_on_map(
+    frame_probs: pd.DataFrame,
+    gt: dict,
+    thresholds: dict,
+    event_params: EventParams,
+    params: ThresholdParams,
+    time_col: str = "t",
+) -> tuple[dict, EventParams, dict]:
+    """Coarse-to-fine search on validation temporal mAP; returns (thresholds, event_params, report).
+
+    `gt` may hold more videos than `frame_probs` (only those with frames are scored). The
+    objective is `params.objective` (default: the mean of mAP@0.5 and mAP@0.95). Per-label knobs
+    found are returned as `event_params.per_label` overrides.
+    """
+    reach = max(max(params.median_windows) // 2, max(params.fill_gaps), event_params.max_reach())
+    timeline = build_timeline(frame_probs, time_col, max_reach=reach)
+    evaluate = _MapObjective(timeline, _validation_gt(gt, timeline.video_ids), params.objective)
+    thresholds = {label: float(thresholds[label]) for label in LABELS}
+    best = start = evaluate(thresholds, event_params)
+    steps = []
+
+    def consider(candidate_thresholds, candidate_params, what):
+        nonlocal best, thresholds, event_params
+        value = evaluate(candidate_thresholds, candidate_params)
+        if value > best + 1e-12:
+            steps.append({"change": what, "objective": value})
+            best, thresholds, event_params = value, candidate_thresholds, candidate_params
+
+    knob_grids = {
+        "median_window": params.median_windows,
+        "fill_gap": params.fill_gaps,
+        "min_length": params.min_lengths,
+    }
+    if event_params.presence == "max":
+        knob_grids["presence_threshold"] = params.presence_thresholds
+    # 0. Every label off (the empty submission: AP 1 wherever a label is absent) is a start too.
+    consider({label: params.off_threshold for label in LABELS}, event_params, "all labels off")
+    # 1. Per label, its threshold over the coarse grid (the last value switches it off).
+    for label in LABELS:
+        for value in params.coarse_grid:
+            if value != thresholds[label]:
+                consider({**thresholds, label: float(value)}, event_params, f"{label}={value}")
+    # 2. Shared knobs: event style, then each knob over its grid.
+    for style in params.styles:
+        if style != event_params.style:
+            consider(thresholds, dataclasses.replace(event_params, style=style), f"style={style}")
+    for knob, grid in knob_grids.items():
+        for value in grid:
+            if value != getattr(event_params, knob):
+                consider(thresholds, dataclasses.replace(event_params, **{knob: value}), f"{knob}={value}")
+    # 3. Per label again: its own knobs (regions want long windows, short lesions short ones),
+    #    then its threshold once more under them.
+    for label in LABELS:
+        if thresholds[label] > 1.0:
+            continue
+        for knob, grid in knob_grids.items():
+            for value in grid:
+                if value != getattr(event_params.for_label(label), knob):
+                    consider(thresholds, _with_override(event_params, label, knob, value), f"{label}.{knob}={value}")
+        for value in params.coarse_grid:
+            if value != thresholds[label]:
+                consider({**thresholds, label: float(value)}, event_params, f"{label}={value}")
+    # 4. Refinement around each label's threshold, the step halved each round.
+    step = params.refine_step
+    for _ in range(params.rounds):
+        for label in LABELS:
+            current = thresholds[label]
+            if current > 1.0:
+                continue  # switched off: nothing to refine
+            for value in (round(current - step, 6), round(current + step, 6)):
+                if 0.0 <= value <= 1.0:
+                    consider({**thresholds, label: value}, event_params, f"{label}={value}")
+        step /= 2
+    report = {
+        "objective": params.objective,
+        "start": start,
+        "best": best,
+        "evaluations": evaluate.evaluations,
+        "labels_off": [label for label in LABELS if thresholds[label] > 1.0],
+        "event_params": dataclasses.asdict(event_params),
+        "steps": steps,
+    }
+    return thresholds, event_params, report

@@ -1,0 +1,288 @@
+"""The training loop: imbalance-aware sampling, mixup, AdamW + OneCycle, EMA, resume, DDP.
+
+Every random draw is a pure function of (seed, epoch, step): the sampler's order, each
+sample's augmentation, each step's mixup and dropout. A checkpoint therefore only needs the
+model, EMA, optimiser and scheduler states plus the position, and a run resumed from any
+checkpoint ends with exactly the weights of an uninterrupted one (on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from timm.utils import ModelEmaV3
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from vce.core.labels import LABELS
+from vce.core.params import require
+from vce.data.dataset import AugmentParams, EpochSampler, normalize_batch
+from vce.eval.frame_metrics import frame_metrics
+from vce.model import checkpoint
+from vce.model.device import Distributed, autocast, resolve_device, setup_distributed
+
+
+@dataclass
+class TrainParams:
+    epochs: int = 5
+    batch_size: int = 128
+    lr_head: float = 3e-4
+    lr_backbone: float = 9e-5
+    weight_decay: float = 5e-4
+    pct_start: float = 0.15
+    ema_decay: float = 0.999
+    ema_warmup: bool = True
+    mixup_alpha: float = 0.3
+    samples_per_epoch: int = 0
+    val_batch_size: int = 256
+    num_workers: int = 2
+    checkpoint_every: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = True
+    compile: bool = False
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
+    augment: AugmentParams = field(default_factory=AugmentParams)
+
+    def check(self, section: str) -> None:
+        require(self.epochs >= 1, f"{section}.epochs", f"must be >= 1, got {self.epochs}")
+        require(self.batch_size >= 1, f"{section}.batch_size", "must be >= 1")
+        for name in ("lr_head", "lr_backbone"):
+            require(getattr(self, name) > 0, f"{section}.{name}", "must be > 0")
+        require(self.weight_decay >= 0, f"{section}.weight_decay", "must be >= 0")
+        require(0 < self.pct_start < 1, f"{section}.pct_start", "must be in (0, 1)")
+        require(0 <= self.ema_decay < 1, f"{section}.ema_decay", "must be in [0, 1)")
+        require(self.mixup_alpha >= 0, f"{section}.mixup_alpha", "must be >= 0 (0 disables mixup)")
+        require(self.samples_per_epoch >= 0, f"{section}.samples_per_epoch", "must be >= 0 (0 = all training frames)")
+        require(self.num_workers >= 0, f"{section}.num_workers", "must be >= 0")
+        require(self.checkpoint_every >= 0, f"{section}.checkpoint_every", "must be >= 0 (0 = once per epoch)")
+
+
+def step_seed(seed: int, epoch: int, step: int) -> int:
+    return int(np.random.default_rng([seed, epoch, step, 3]).integers(0, 2**31 - 1))
+
+
+def mixup(images, targets, alpha: float, seed: int):
+    """Mixup (Zhang et al. 2018) on images and soft targets, drawn from this step's seed."""
+    if alpha <= 0 or len(images) < 2:
+        return images, targets
+    rng = np.random.default_rng(seed)
+    lam = float(rng.beta(alpha, alpha))
+    perm = torch.from_numpy(rng.permutation(len(images))).to(images.device)
+    return lam * images + (1 - lam) * images[perm], lam * targets + (1 - lam) * targets[perm]
+
+
+@torch.no_grad()
+def evaluate(model, loss_fn, loader, device, bf16, ddp: Distributed) -> dict:
+    """Validation loss and frame-level metrics; every rank sees its shard, rank 0 gets all."""
+    model.eval()
+    probs, targets, losses, sizes = [], [], [], []
+    pre = model.preprocess
+    for images, target, valid, _ in loader:
+        if not valid.any():
+            continue
+        images = normalize_batch(images[valid], pre["mean"], pre["std"], device)
+        target = target[valid].to(device)
+        with autocast(device, bf16):
+            outputs = model(images)
+        loss, _ = loss_fn(_float(outputs), target)
+        losses.append(loss.item() * len(images))
+        sizes.append(len(images))
+        probs.append(model.frame_probs(_float(outputs)).float().cpu())
+        targets.append(target.cpu())
+    shard = (torch.cat(probs) if probs else torch.zeros(0, len(LABELS)),
+             torch.cat(targets) if targets else torch.zeros(0, len(LABELS)),
+             sum(losses), sum(sizes))
+    if ddp.world > 1:
+        gathered = [None] * ddp.world
+        dist.all_gather_object(gathered, shard)
+    else:
+        gathered = [shard]
+    y_prob = torch.cat([g[0] for g in gathered]).numpy()
+    y_true = torch.cat([g[1] for g in gathered]).numpy().round().astype(np.uint8)
+    total = sum(g[3] for g in gathered)
+    metrics = frame_metrics(y_true, y_prob)
+    return {"loss": sum(g[2] for g in gathered) / max(total, 1), "map": metrics["map"], "frames": metrics}
+
+
+def _float(outputs: dict) -> dict:
+    return {k: (v.float() if torch.is_tensor(v) else v) for k, v in outputs.items()}
+
+
+class Trainer:
+    """Owns the model, EMA, optimiser and schedule of one run; `fit` trains to `epochs`."""
+
+    def __init__(self, model, loss_fn, params: TrainParams, seed: int, train_set, train_weights,
+                 val_set, state_dir, fingerprint: str, log: Callable[[dict], None] | None = None):
+        self.params, self.seed = params, seed
+        self.device = resolve_device(params.device)
+        self.ddp = setup_distributed(self.device)
+        self.model = model.to(self.device)
+        self.loss_fn = loss_fn.to(self.device)
+        self.ema = ModelEmaV3(self.model, decay=params.ema_decay, use_warmup=params.ema_warmup)
+        self.net = self.model
+        if self.ddp.world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if params.compile:
+            self.net = torch.compile(self.net)
+        groups = self.model.param_groups(params.lr_head, params.lr_backbone, params.weight_decay)
+        self.optimizer = torch.optim.AdamW(groups)
+        num_samples = params.samples_per_epoch or len(train_set)
+        require(params.batch_size % self.ddp.world == 0, "train.batch_size",
+                f"must be divisible by the number of processes ({self.ddp.world})")
+        require(num_samples >= params.batch_size, "train.batch_size",
+                f"larger than the samples of an epoch ({num_samples})")
+        self.sampler = EpochSampler(train_weights, num_samples, params.batch_size, seed,
+                                    self.ddp.rank, self.ddp.world)
+        self.steps_per_epoch = self.sampler.steps
+        loader_args = dict(num_workers=params.num_workers, pin_memory=self.device.type == "cuda",
+                           persistent_workers=params.num_workers > 0)
+        self.train_loader = DataLoader(train_set, batch_size=params.batch_size // self.ddp.world,
+                                       sampler=self.sampler, **loader_args)
+        val_rows = np.array_split(np.arange(len(val_set)), self.ddp.world)[self.ddp.rank]
+        self.val_loader = DataLoader(torch.utils.data.Subset(val_set, val_rows),
+                                     batch_size=params.val_batch_size, **loader_args)
+        self.state_dir = Path(state_dir)
+        self.fingerprint = fingerprint
+        self.log = log or (lambda record: None)
+        self.epoch, self.step, self.history, self.best = 0, 0, [], None
+        self.epoch_losses, self.epoch_skipped = [], 0  # running, so a mid-epoch resume logs the same
+        self.cycle = (0, params.epochs)  # OneCycle spans epochs [start, end)
+        self.scheduler = self._new_schedule(*self.cycle)
+
+    def _new_schedule(self, start: int, end: int):
+        max_lrs = [group.setdefault("max_lr", group["lr"]) for group in self.optimizer.param_groups]
+        return torch.optim.lr_scheduler.OneCycleLR(
+            self.optimizer, max_lr=max_lrs, total_steps=(end - start) * self.steps_per_epoch,
+            pct_start=self.params.pct_start)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir / "last.pt"
+
+    def save_state(self) -> None:
+        if not self.ddp.is_main:
+            return
+        checkpoint.save(self.state_path, {
+            "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
+            "cycle": list(self.cycle), "history": self.history, "best": self.best,
+            "epoch_losses": self.epoch_losses, "epoch_skipped": self.epoch_skipped,
+            "model": self.model.state_dict(), "ema": self.ema.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        })
+
+    def try_resume(self) -> bool:
+        """Resume from the last checkpoint of this same run (same fingerprint), if any."""
+        if not self.state_path.is_file():
+            return False
+        state = checkpoint.load(self.state_path, map_location=self.device)
+        if state["fingerprint"] != self.fingerprint:
+            print(f"ignoring {self.state_path}: written by a run with other data or params")
+            return False
+        if state["epoch"] > self.params.epochs:
+            print(f"ignoring {self.state_path}: it has {state['epoch']} epochs, train.epochs is {self.params.epochs}")
+            return False
+        self.model.load_state_dict(state["model"])
+        self.ema.module.load_state_dict(state["ema"])
+        self.cycle = tuple(state["cycle"])
+        self.scheduler = self._new_schedule(*self.cycle)
+        self.scheduler.load_state_dict(state["scheduler"])
+        # After the schedule: building OneCycleLR resets the groups' lr, the saved state has the real ones.
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.history, self.best = state["history"], state["best"]
+        self.epoch_losses, self.epoch_skipped = state["epoch_losses"], state["epoch_skipped"]
+        if self.epoch >= self.cycle[1] and self.params.epochs > self.cycle[1]:
+            # Extending a finished run ("resume from 5 to 10"): a new cycle over the new epochs.
+            self.cycle = (self.cycle[1], self.params.epochs)
+            self.scheduler = self._new_schedule(*self.cycle)
+        return True
+
+    # -- training ------------------------------------------------------------------------
+    def train_step(self, images, targets, seed: int) -> float | None:
+        pre = self.model.preprocess
+        images = normalize_batch(images, pre["mean"], pre["std"], self.device)  # uint8 in, float out
+        targets = targets.to(self.device, non_blocking=True)
+        images, targets = mixup(images, targets, self.params.mixup_alpha, seed)
+        torch.manual_seed(seed)  # dropout and any other draw of this step
+        self.net.train()
+        with autocast(self.device, self.params.bf16):
+            outputs = self.net(images)
+        loss, _ = self.loss_fn(_float(outputs), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.ema.update(self.model, step=self.epoch * self.steps_per_epoch + self.step)
+        return loss.item()
+
+    def fit(self, on_best: Callable[[object, dict], None]) -> dict:
+        """Train until `params.epochs`; call on_best(ema_model, record) on each new best epoch."""
+        show = self.ddp.is_main and not os.environ.get("CI")
+        for epoch in tqdm(range(self.epoch, self.params.epochs), desc="epochs", disable=not show):
+            self.epoch = epoch
+            self.sampler.set_epoch(epoch, self.step)
+            bar = tqdm(self.train_loader, total=self.steps_per_epoch - self.step,
+                       desc=f"epoch {epoch + 1}", leave=False, disable=not show)
+            for images, targets, valid, _ in bar:
+                self.epoch_skipped += int((~valid).sum())
+                seed = step_seed(self.seed, epoch, self.step)
+                loss = self.train_step(images[valid], targets[valid], seed) if valid.any() else None
+                if loss is None:  # every frame of the batch was undecodable: keep the schedule
+                    self.scheduler.step()
+                else:
+                    self.epoch_losses.append(loss)
+                self.step += 1
+                if self.params.checkpoint_every and self.step % self.params.checkpoint_every == 0:
+                    self.save_state()
+            record = self.end_epoch(epoch)
+            self.log(record)
+            if self.best is None or record["val_map"] > self.best["val_map"]:
+                self.best = record
+                if self.ddp.is_main:
+                    on_best(self.ema.module, record)
+            self.epoch, self.step = epoch + 1, 0
+            self.epoch_losses, self.epoch_skipped = [], 0
+            self.save_state()
+        return {"history": self.history, "best": self.best}
+
+    def end_epoch(self, epoch: int) -> dict:
+        val = evaluate(self.ema.module, self.loss_fn, self.val_loader, self.device, self.params.bf16, self.ddp)
+        if self.ddp.world > 1:  # mean training loss over ranks
+            gathered = [None] * self.ddp.world
+            dist.all_gather_object(gathered, self.epoch_losses)
+            losses = [x for part in gathered for x in part]
+        else:
+            losses = self.epoch_losses
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "val_loss": float(val["loss"]),
+            "val_map": float(val["map"]) if val["map"] is not None else 0.0,
+            "lr_backbone": self.current_lr("backbone"),
+            "lr_head": self.current_lr("head"),
+            "skipped_frames": int(self.epoch_skipped),
+        }
+        self.history.append(record)
+        return record
+
+
+    def current_lr(self, part: str) -> float:
+        """Learning rate of the model's `part` ("backbone" or "head") param group now."""
+        return float(next(g["lr"] for g in self.optimizer.param_groups if g.get("name") == part))
+
+
+def describe(params: TrainParams) -> dict:
+    """The params that define a run's trajectory (epochs excluded: extending is a resume)."""
+    values = asdict(params)
+    for key in ("epochs", "num_workers", "val_batch_size"):
+        values.pop(key)
+    return values
