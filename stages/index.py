@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from vce.core import runner
-from vce.core.io import write_json, write_parquet
+from vce.core.io import atomic_paths, json_text
 from vce.core.params import load_section
 from vce.data.index import DataParams, build_index
 
@@ -31,9 +31,11 @@ def main(argv=None) -> int:
     frames, test, report = build_index(cfg)
     for line in report.summary_lines():
         print(line, file=sys.stderr)
-    write_parquet(args.frames_out, frames)
-    write_parquet(args.test_out, test)
-    write_json(args.report, report.as_dict())
+    # All three or none: a failure half-way (disk full) must not leave new frames beside an old test index.
+    with atomic_paths(args.frames_out, args.test_out, args.report) as (frames_tmp, test_tmp, report_tmp):
+        frames.to_parquet(frames_tmp, index=False)
+        test.to_parquet(test_tmp, index=False)
+        report_tmp.write_text(json_text(report.as_dict()))
     galar, held_out = report.layouts["galar"], report.layouts["test"]
     print(f"indexed {galar['frames']} labelled frames of {galar['videos']} videos, "
           f"{held_out['frames']} test frames of {held_out['videos']} videos, "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
+import sys
 from pathlib import Path
 
 import torch
@@ -16,7 +18,14 @@ from vce.core.labels import LABELS
 def save(path, payload: dict) -> None:
     """torch.save atomically: a killed write never replaces a good file."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(payload, f)  # a file object: the archive's inner name does not follow the temp name
+        try:
+            torch.save(payload, f)  # a file object: the archive's inner name does not follow the temp name
+        except RuntimeError as err:  # torch reports a failed write (disk full) as RuntimeError
+            raise OSError(f"{path}: cannot write checkpoint ({str(err).splitlines()[0]})") from None
+
+
+class CheckpointError(DataError):
+    """A checkpoint file that is corrupt, truncated, or holds more than tensors and plain data."""
 
 
 def load(path, map_location="cpu") -> dict:
@@ -24,7 +33,40 @@ def load(path, map_location="cpu") -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     # weights_only=True: a checkpoint from elsewhere cannot run code when loaded.
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        # torch's own message suggests weights_only=False, i.e. running the file's code: never.
+        what = "holds objects other than tensors and plain data (loading it could run code)" \
+            if "global" in str(err).lower() else "is corrupt or not a checkpoint"
+        raise CheckpointError(f"{path}: refused, the file {what}; only checkpoints written by "
+                              "this project load") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: not a checkpoint of this project (holds {type(payload).__name__})")
+    return payload
+
+
+def load_train_state(path, map_location="cpu") -> dict | None:
+    """The training state at `path`, or None (with a warning) when it is missing or unusable.
+
+    The state is scratch that only speeds a rerun up: a corrupt or foreign file must not block
+    training until someone deletes it, so it is ignored and training starts fresh.
+    """
+    if not Path(path).is_file():
+        return None
+    try:
+        state = load(path, map_location)
+    except CheckpointError as err:
+        print(f"warning: ignoring the training state, starting fresh: {err}", file=sys.stderr)
+        return None
+    if "fingerprint" not in state:
+        print(f"warning: ignoring the training state, starting fresh: {path} has no run fingerprint",
+              file=sys.stderr)
+        return None
+    return state
 
 
 def save_model(path, model, **info) -> None:
