@@ -3,7 +3,7 @@
 Writes the validation events (scored by `score`) and the test-set submission, each as the
 official JSON and an .xlsx (video_id, start, end, label). Post-processing knobs come from
 params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: map` tuned them.
-`thresholds.probs` picks the probabilities: the frame model's (`data/predict`) or the temporal
+`post.probs` picks the probabilities: the frame model's (`data/predict`) or the temporal
 model's (`data/temporal`); `events.anatomy: viterbi` decodes regions as one monotone path.
 """
 
@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import probs_source, read_index
+from vce.core.contracts import read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import check_labels
-from vce.core.params import from_dict, load_params
+from vce.core.params import PostParams, from_dict, load_params
 from vce.eval.score import check_submission
 from vce.post.events import EventParams, probs_to_submission, write_xlsx
 from vce.post.timeline import join_probs
@@ -29,8 +29,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--thresholds", default="models/thresholds.json")
-    parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory thresholds.probs picks")
-    parser.add_argument("--test-probs", default=None, help="default: test.parquet of the directory thresholds.probs picks")
+    parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory post.probs picks")
+    parser.add_argument("--test-probs", default=None, help="default: test.parquet of the directory post.probs picks")
     parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     thresholds, tuned = load_thresholds(args.thresholds)
     event_params = from_dict(EventParams, tuned if tuned else params["events"],
                              f"{args.thresholds}:events" if tuned else "events")
-    source = probs_source(params.get("thresholds") or {})
+    source = from_dict(PostParams, params["post"], "post").probs
     probs_dir = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
     val_probs = args.val_probs or str(probs_dir / "val.parquet")
     test_probs = args.test_probs or str(probs_dir / "test.parquet")

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from vce.core import runner
-from vce.core.params import from_dict, load_params
+from vce.core.params import BaseParams, from_dict, load_params
 from vce.model.frame_model import ModelParams
 from vce.model.prompts import (
     PromptParams,
@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
     model_params = from_dict(ModelParams, params["model"], "model")
-    prompt_params = from_dict(PromptParams, params.get("prompts", {}), "prompts")
-    torch.manual_seed(params["base"]["seed"])  # the random text tower of tiny / random sources
+    prompt_params = from_dict(PromptParams, params["prompts"], "prompts")
+    torch.manual_seed(from_dict(BaseParams, params["base"], "base").seed)  # the random text tower of tiny / random sources
     embeddings = compute_prompt_embeddings(model_params, prompt_params.templates)
     save_prompt_embeddings(args.out, embeddings, prompt_params.templates, model_params.source)
     print(f"prompt embeddings {tuple(embeddings.shape)} from {model_params.source} -> {args.out}")

@@ -14,10 +14,16 @@ import sys
 from vce.core import runner
 from vce.core.contracts import read_index
 from vce.core.io import read_json, write_json
-from vce.core.params import load_params
+from vce.core.params import Section, load_section
 from vce.eval.score import score
 from vce.post.events import labels_to_submission
 from vce.post.timeline import labels_on_time
+
+
+class ScoreParams(Section):
+    """`score`: what the stage scores besides the validation events."""
+
+    test_gt: str | None  # ground truth of the test set when known (the demo's), else null
 
 
 def parse_args(argv):
@@ -34,14 +40,14 @@ def parse_args(argv):
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    test_gt = load_section(args.params, "score", ScoreParams).test_gt
     frames = read_index(args.frames)
     prediction = read_json(args.events, "validation events")
     gt = labels_to_submission(labels_on_time(frames[frames["split"] == "val"]))
     write_json(args.gt_out, gt, indent=None)
     result = score(gt, prediction)
     print(f"validation: mAP@0.5 = {result['map@0.5']:.4f}   mAP@0.95 = {result['map@0.95']:.4f}")
-    test_gt = load_params(args.params).get("score", {}).get("test_gt")
-    if test_gt:
+    if test_gt is not None:
         # A held-out number: nothing upstream (training, thresholds, tuning) saw these videos.
         test = score(read_json(test_gt, "score.test_gt"), read_json(args.test_events, "test events"))
         result["test"] = {key: test[key] for key in ("map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95")}

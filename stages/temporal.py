@@ -3,11 +3,11 @@
 Trains `vce.temporal`'s dilated temporal convolution network on the training videos'
 embeddings (labels from the split frame index) and writes `val.parquet` and `test.parquet` in
 the probabilities contract, plus `metrics/temporal.json` (validation frame mAP of the refined
-and of the frame model's probabilities). `thresholds.probs: temporal` makes thresholds and
+and of the frame model's probabilities). `post.probs: temporal` makes thresholds and
 events read these instead of `data/predict`.
 
 Needs `predict.embeddings: true` with `train` in `predict.splits`. Without those embeddings the
-stage is an error when `thresholds.probs` is `temporal`; otherwise it writes empty files of the
+stage is an error when `post.probs` is `temporal`; otherwise it writes empty files of the
 contract's schema and `{"enabled": false, ...}` so the pipeline runs unchanged.
 """
 
@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vce.core import runner
-from vce.core.contracts import label_matrix, probs_schema, probs_source, read_index
+from vce.core.contracts import label_matrix, probs_schema, read_index
 from vce.core.errors import DataError
 from vce.core.io import atomic_path, write_json
 from vce.core.labels import LABELS
-from vce.core.params import from_dict, load_params
+from vce.core.params import BaseParams, PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
 from vce.infer.temporal import (
     TemporalParams,
@@ -76,10 +76,10 @@ def load_split(predict_dir: Path, split: str, labelled_frames):
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
-    temporal_params = from_dict(TemporalParams, params.get("temporal") or {}, "temporal")
+    temporal_params = from_dict(TemporalParams, params["temporal"], "temporal")
     loss_params = from_dict(LossParams, params["loss"], "loss")
-    source = probs_source(params.get("thresholds") or {})
-    seed = int(params["base"]["seed"])
+    source = from_dict(PostParams, params["post"], "post").probs
+    seed = from_dict(BaseParams, params["base"], "base").seed
     predict_dir, out = Path(args.predict_dir), Path(args.out_dir)
     missing = [str(predict_dir / f"{s}_embeddings.parquet") for s in SPLITS
                if not (predict_dir / f"{s}_embeddings.parquet").is_file()]
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         reason = (f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true "
                   "and add train to predict.splits")
         if source == "temporal":
-            raise DataError(f"thresholds.probs is temporal but there are {reason}")
+            raise DataError(f"post.probs is temporal but there are {reason}")
         for name in ("val", "test"):
             write_probs(out / f"{name}.parquet", probs_schema().empty_table().to_pandas())
         write_json(args.metrics, {"enabled": False, "reason": reason})

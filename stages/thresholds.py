@@ -2,7 +2,7 @@
 
 `thresholds.method: f1` maximises per-class frame F1 (the seed's way); `map` then tunes the
 thresholds and the event post-processing directly on validation temporal mAP, the score
-that counts. `thresholds.probs` picks the validation probabilities: the frame model's
+that counts. `post.probs` picks the validation probabilities: the frame model's
 (`data/predict`) or the temporal model's (`data/temporal`). Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
 """
 
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import probs_source, read_index
+from vce.core.contracts import read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS
-from vce.core.params import from_dict, load_params
+from vce.core.params import PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
 from vce.post.events import EventParams, labels_to_submission
 from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
@@ -29,7 +28,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--probs", default=None,
-                        help="validation probabilities (default: val.parquet of --predict-dir or --temporal-dir, as thresholds.probs says)")
+                        help="validation probabilities (default: val.parquet of --predict-dir or --temporal-dir, as post.probs says)")
     parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
@@ -42,16 +41,14 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
-    section = dict(params["thresholds"])
-    source = probs_source(section)
-    section.pop("probs", None)  # read here, not a ThresholdParams knob
-    threshold_params = from_dict(ThresholdParams, section, "thresholds")
+    source = from_dict(PostParams, params["post"], "post").probs
+    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
     event_params = from_dict(EventParams, params["events"], "events")
     frames = read_index(args.frames)
     probs_path = args.probs or str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
     probs, labels = join_probs(read_index(probs_path), frames)
     if len(probs) == 0:
-        raise DataError(f"{probs_path} has no frames (thresholds.probs: {source})")
+        raise DataError(f"{probs_path} has no frames (post.probs: {source})")
     if labels is None:
         raise DataError(f"{args.frames} has no label columns: thresholds need labelled validation frames")
     valid = probs["valid"].to_numpy()
@@ -63,7 +60,7 @@ def main(argv=None) -> int:
         val_frames = frames[frames["video_id"].isin(set(probs["video_id"]))]
         gt = labels_to_submission(labels_on_time(val_frames))
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
-        tuned_events = asdict(tuned)
+        tuned_events = tuned.model_dump()
     per_class = frame_metrics(y_true, y_prob)
     write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events})
     write_json(args.metrics, {

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +18,7 @@ from vce.core import runner
 from vce.core.contracts import label_matrix, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
-from vce.core.params import from_dict, load_params
+from vce.core.params import BaseParams, from_dict, load_params
 from vce.data.dataset import (
     FrameDataset,
     eval_transform,
@@ -109,10 +108,10 @@ def open_live(live_dir: str):
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
-    seed = params["base"]["seed"]
+    seed = from_dict(BaseParams, params["base"], "base").seed
     data = from_dict(DataParams, params["data"], "data")
     model_params = from_dict(ModelParams, params["model"], "model")
-    loss_params = from_dict(LossParams, params.get("loss", {}), "loss")
+    loss_params = from_dict(LossParams, params["loss"], "loss")
     train_params = from_dict(TrainParams, params["train"], "train")
 
     frames = read_index(args.frames)
@@ -123,7 +122,7 @@ def main(argv=None) -> int:
     train_labels = label_matrix(train)
     loss_fn = VCELoss(loss_params, torch.from_numpy(train_labels.mean(axis=0)).float())
     run_id = checkpoint.fingerprint(
-        seed, describe(train_params), asdict(model_params), asdict(loss_params),
+        seed, describe(train_params), model_params.model_dump(), loss_params.model_dump(),
         int(pd.util.hash_pandas_object(frames[["video_id", "frame", "split"]], index=False).sum()),
         float(prompts.sum()) if prompts is not None else None)
     trainer = Trainer(model, loss_fn, train_params, seed, train_set, rarest_label_weights(train_labels),

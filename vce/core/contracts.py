@@ -68,11 +68,3 @@ def probs_dir(source: str, predict_dir: str | Path, temporal_dir: str | Path) ->
         raise ValueError(f"unknown probabilities source {source!r}; allowed: {list(PROBS_SOURCES)}")
     return Path(temporal_dir if source == "temporal" else predict_dir)
 
-
-def probs_source(section: dict, key: str = "thresholds.probs") -> str:
-    """Which probabilities feed thresholds and events: `frame` (predict) or `temporal`."""
-    from vce.core.params import require
-
-    source = section.get("probs", "frame")
-    require(source in PROBS_SOURCES, key, f"must be one of {list(PROBS_SOURCES)}, got {source!r}")
-    return source

@@ -1,116 +1,291 @@
-"""Read `params.yaml` sections into typed dataclasses, with errors that name the key.
+"""Read `params.yaml` sections into validated, frozen pydantic models; errors name the key.
 
-Each stage reads its section once: ``cfg = load_section("params.yaml", "train", TrainParams)``.
-Unknown keys, missing keys and wrong types fail before any heavy work, naming
-``section.key`` and what is allowed.
+`params.yaml` is the ONE source of parameter values: the `Section` classes declare types,
+ranges (`Field(ge=…)`), literals and cross-field rules, but no defaults. A key missing from
+the file is an error, so no value in the code can silently change a result; to add a knob,
+add the field here (no default) and the key with a one-line comment to `params.yaml`.
+
+Each stage reads its sections once, before any heavy work:
+``cfg = load_section("params.yaml", "train", TrainParams)`` or
+``params = load_params(path); cfg = from_dict(TrainParams, params["train"], "train")``.
+Every problem is one `ParamsError` line naming the full key path and what is allowed::
+
+    train.lr_head = inf: must be a finite number
+    missing key train.lr_head in params
+    unknown key train.epoch; known keys: [augment, batch_size, …]
+    train.augment.rotation = '1e-3': a string, not a number: write 1.0e-3 (YAML reads 1e-3 as text)
+    params.yaml: unknown top-level key 'epochs'; known sections: [base, cache, …]
+
+`load_params` also rejects duplicate keys (YAML would keep the last silently), unknown and
+missing sections. Models are frozen; derive a changed copy with `Section.replace(**changes)`,
+which validates like the file does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from pathlib import Path
+from typing import Annotated
 
+import pydantic
 import yaml
+from pydantic import AfterValidator, ConfigDict, Field
 
 from vce.core.errors import ParamsError
 
-__all__ = ["ParamsError", "from_dict", "load_params", "load_section", "require"]
+__all__ = [
+    "BaseParams", "FieldError", "OddInt", "ParamsError", "explain", "PostParams", "SECTIONS", "Section",
+    "from_dict", "load_params", "load_section", "require",
+]
 
 
+class FieldError(ValueError):
+    """Raised inside a model validator: `key` is relative to the model (``"fold"``)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+        self.message = message
 
 
-def load_params(path: str | Path = "params.yaml") -> dict:
+class Section(pydantic.BaseModel):
+    """One section (or nested mapping) of params.yaml: no unknown keys, no coercion, finite floats."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    @staticmethod
+    def require(condition: bool, key: str, message: str) -> None:
+        """In a model validator: fail naming `key` (relative to this model) unless `condition`."""
+        if not condition:
+            raise FieldError(key, message)
+
+    def replace(self, **changes):
+        """A validated copy with `changes` applied (ValidationError → caller's bug, not the user's)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+
+def _odd(value: int) -> int:
+    if value % 2 == 0:
+        raise ValueError("must be an odd integer")
+    return value
+
+
+# An odd integer >= 1 (median windows, convolution kernels: centred on the frame).
+OddInt = Annotated[int, Field(ge=1), AfterValidator(_odd)]
+
+
+class BaseParams(Section):
+    """`base`: what every stage shares."""
+
+    seed: int = Field(ge=0)
+
+
+class PostParams(Section):
+    """`post`: which probabilities feed thresholds, events and report."""
+
+    probs: typing.Literal["frame", "temporal"]
+
+
+# Every top-level section of params.yaml; `load_params` rejects any other and any missing.
+SECTIONS = (
+    "base", "demo", "data", "split", "cache", "model", "loss", "prompts", "train", "predict",
+    "ensemble", "temporal", "post", "thresholds", "events", "report", "score",
+)
+
+
+# ----------------------------------------------------------------------------- the YAML file
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key repeated in one mapping (plain YAML keeps the last)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ParamsError(
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                f"(first at line {seen[key] + 1}): each key may appear once")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
+    """The whole file as a dict, after the root check (known sections, all present, no repeats)."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
     try:
-        params = yaml.safe_load(path.read_text())
+        params = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except ParamsError as err:
+        raise ParamsError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+        raise ParamsError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(params, dict):
         raise ParamsError(f"{path}: expected a mapping of sections at the top level")
+    unknown = [key for key in params if key not in sections]
+    if unknown:
+        raise ParamsError(f"{path}: unknown top-level key {unknown[0]!r}; known sections: "
+                          f"[{', '.join(sections)}]")
+    missing = [key for key in sections if key not in params]
+    if missing:
+        raise ParamsError(f"{path}: missing section '{missing[0]}'")
     return params
 
 
-def _coerce(value, annotation, key: str):
-    """Check `value` against a simple annotation (int, float, str, bool, list, Optional, Literal)."""
-    if dataclasses.is_dataclass(annotation):
-        return from_dict(annotation, value, key)
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        allowed = typing.get_args(annotation)
-        if value not in allowed:
-            raise ParamsError(f"{key} = {value!r}: must be one of {list(allowed)}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ParamsError(f"{key} = {value!r}: must be a list")
-        (item_type, *_) = typing.get_args(annotation) or (typing.Any,)
-        return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            raise ParamsError(f"{key} = {value!r}: must be a mapping")
-        return value
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ParamsError(f"{key} = {value!r}: must be true or false")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamsError(f"{key} = {value!r}: must be an integer")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamsError(f"{key} = {value!r}: must be a number")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ParamsError(f"{key} = {value!r}: must be a string")
-        return value
-    return value
+# ----------------------------------------------------------------------------- validation
+
+
+def _is_model(annotation) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)
+
+
+def _key_path(cls, loc) -> tuple[str, type | None]:
+    """`loc` as a key path (``augment.rotation``, ``templates[0]``) and the model it ends in."""
+    path, annotation = "", cls
+    for part in loc:
+        origin = typing.get_origin(annotation)
+        if _is_model(annotation):
+            field = annotation.model_fields.get(part)
+            if field is None:  # an extra key, or a validator's key relative to the model
+                path += f".{part}"
+                annotation = None
+                continue
+            path += f".{part}"
+            annotation = field.annotation
+        elif origin in (list, tuple):
+            path += f"[{part}]"
+            annotation = (typing.get_args(annotation) or (None,))[0]
+        elif origin is dict:
+            path += f".{part}"
+            annotation = (typing.get_args(annotation) or (None, None))[1]
+        elif origin in (typing.Union, types.UnionType):
+            continue  # pydantic's union member tag, not a key
+        else:
+            path += f".{part}"
+    return path, annotation
+
+
+def _owner(cls, loc):
+    """The model holding the last key of `loc` (for the list of known keys)."""
+    annotation = cls
+    for part in loc[:-1]:
+        annotation = _key_path(annotation, (part,))[1] if _is_model(annotation) else None
+        while typing.get_origin(annotation) in (list, tuple, dict, typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            annotation = args[-1] if args else None
+    return annotation if _is_model(annotation) else None
+
+
+def _looks_numeric(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def explain(error: dict) -> str:
+    """What the value must be, in words, for one pydantic error."""
+    kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
+    if _looks_numeric(value) and kind in ("float_type", "int_type"):
+        mantissa, _, exponent = value.lower().partition("e")
+        example = f"{float(mantissa):.1f}e{exponent}" if exponent and "." not in mantissa else value
+        return f"a string, not a number: write {example} (YAML reads {value} as text)"
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return f"must be {bounds[kind]} {limit}"
+    words = {
+        "finite_number": "must be a finite number",
+        "float_type": "must be a number",
+        "int_type": "must be an integer",
+        "bool_type": "must be true or false",
+        "string_type": "must be a string",
+        "list_type": "must be a list",
+        "dict_type": "must be a mapping",
+        "model_type": "must be a mapping",
+        "model_attributes_type": "must be a mapping",
+        "none_required": "must be null",
+        "too_short": f"must have at least {ctx.get('min_length')} item(s)",
+        "too_long": f"must have at most {ctx.get('max_length')} item(s)",
+        "string_too_short": "must not be empty",
+    }
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    if kind == "value_error" and isinstance(ctx.get("error"), FieldError):
+        return ctx["error"].message
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return words.get(kind, error["msg"])
+
+
+def _message(cls, section: str, error: dict, values) -> str:
+    loc = tuple(error["loc"])
+    if error["type"] == "value_error" and isinstance(error.get("ctx", {}).get("error"), FieldError):
+        relative = error["ctx"]["error"].key.split(".")
+        loc = loc + tuple(int(part) if part.isdigit() else part for part in relative)
+    path, _ = _key_path(cls, loc)
+    key = f"{section}{path}"
+    if error["type"] == "missing":
+        return f"missing key {key} in params"
+    if error["type"] == "extra_forbidden":
+        owner = _owner(cls, loc)
+        known = f"; known keys: [{', '.join(sorted(owner.model_fields))}]" if owner else ""
+        return f"unknown key {key}{known}"
+    value = error.get("input")
+    if error["type"] == "value_error" and isinstance(error.get("ctx", {}).get("error"), FieldError):
+        value = _lookup(values, loc)
+    shown = "" if value is _MISSING or _is_model(type(value)) else f" = {_short(value)}"
+    return f"{key}{shown}: {explain(error)}"
+
+
+_MISSING = object()
+
+
+def _lookup(values, loc):
+    for part in loc:
+        try:
+            values = values[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return values
+
+
+def _short(value) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def from_dict(cls, values: dict, section: str):
-    """Build dataclass `cls` from `values`, validating names and types; then run `cls.check()`."""
+    """Validate `values` as model `cls`; any problem → one ParamsError line naming `section.key`."""
     if not isinstance(values, dict):
-        raise ParamsError(f"params section '{section}' must be a mapping")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ParamsError(
-            f"unknown key(s) in '{section}': {unknown}; known keys: {sorted(fields)}"
-        )
-    kwargs = {}
-    for name, field in fields.items():
-        key = f"{section}.{name}"
-        if name in values:
-            kwargs[name] = _coerce(values[name], hints[name], key)
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ParamsError(f"missing key {key} in params")
-    obj = cls(**kwargs)
-    check = getattr(obj, "check", None)
-    if check is not None:
-        check(section)
-    return obj
+        shown = "empty" if values is None else f"a {type(values).__name__}"
+        raise ParamsError(f"params section '{section}' must be a mapping of keys, not {shown}")
+    try:
+        return cls.model_validate(values)
+    except pydantic.ValidationError as err:
+        errors = err.errors(include_url=False)
+        first = next((e for e in errors if e["type"] != "missing"), errors[0])
+        if errors[0]["type"] == "missing":  # a missing key first: it explains what follows
+            first = errors[0]
+        raise ParamsError(_message(cls, section, first, values)) from None
 
 
 def load_section(path, section: str, cls):
-    params = load_params(path)
-    if section not in params:
-        raise ParamsError(f"{path}: no '{section}' section")
-    return from_dict(cls, params[section], section)
+    """Validate the whole file's root, then one section as `cls`."""
+    return from_dict(cls, load_params(path)[section], section)
 
 
 def require(condition: bool, key: str, message: str) -> None:
-    """Raise ParamsError('key = ...: message') unless `condition` holds."""
+    """Raise ParamsError('key: message') unless `condition` holds (checks outside a model)."""
     if not condition:
         raise ParamsError(f"{key}: {message}")

@@ -7,39 +7,32 @@ exactly after a resume, whatever the number of workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section
 from vce.data.frames import FrameError, decode_frame
 
 
-@dataclass
-class AugmentParams:
-    """Training augmentation (torchvision v2), seed defaults (REFERENCE.md)."""
+class AugmentParams(Section):
+    """`train.augment`: training augmentation (torchvision v2), seed values (REFERENCE.md)."""
 
-    crop_scale_min: float = 0.6      # RandomResizedCrop lower area bound
-    hflip: float = 0.5               # horizontal flip probability
-    vflip: float = 0.5               # vertical flip probability
-    rotation: float = 15.0           # max rotation in degrees
-    brightness: float = 0.2          # ColorJitter
-    contrast: float = 0.2
-    saturation: float = 0.1
-    hue: float = 0.02
-    erasing: float = 0.25            # RandomErasing probability
-    load_scale: float = 1.143        # decode at image_size × this, so the crop has room (256/224)
-
-    def check(self, section: str) -> None:
-        require(0.0 < self.crop_scale_min <= 1.0, f"{section}.crop_scale_min", "must be in (0, 1]")
-        for name in ("hflip", "vflip", "erasing"):
-            require(0.0 <= getattr(self, name) <= 1.0, f"{section}.{name}", "must be in [0, 1]")
-        require(self.load_scale >= 1.0, f"{section}.load_scale", "must be >= 1")
+    crop_scale_min: float = Field(gt=0, le=1)  # RandomResizedCrop lower area bound
+    hflip: float = Field(ge=0, le=1)  # horizontal flip probability
+    vflip: float = Field(ge=0, le=1)  # vertical flip probability
+    rotation: float = Field(ge=0, le=180)  # max rotation in degrees
+    brightness: float = Field(ge=0)  # ColorJitter factors
+    contrast: float = Field(ge=0)
+    saturation: float = Field(ge=0)
+    hue: float = Field(ge=0, le=0.5)
+    erasing: float = Field(ge=0, le=1)  # RandomErasing probability
+    load_scale: float = Field(ge=1)  # decode at image_size × this, so the crop has room (256/224)
 
 
 def rarest_label_weights(labels: np.ndarray) -> np.ndarray:

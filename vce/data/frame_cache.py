@@ -16,36 +16,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pandas as pd
 import torch
+from pydantic import Field
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
-from vce.core.params import require
-from vce.data.frames import FrameError, decode_frame
+from vce.core.params import Section
+from vce.data.frames import FrameError, decode_frame, resize_frame
 
 
-@dataclass
-class CacheParams:
-    enabled: bool = False
-    size: int = 256
-    splits: list[str] = field(default_factory=lambda: ["train", "val", "test"])
-    num_workers: int = 2
-    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
-    interpolation: str = "area"
+class CacheParams(Section):
+    """`cache`: the decoded-frame cache."""
 
-    def check(self, section: str) -> None:
-        require(self.size >= 8, f"{section}.size", "must be >= 8 pixels")
-        bad = [s for s in self.splits if s not in ("train", "val", "test")]
-        require(not bad, f"{section}.splits", f"unknown split(s) {bad}; allowed: train, val, test")
-        require(self.num_workers >= 0, f"{section}.num_workers", "must be >= 0")
+    enabled: bool
+    size: int = Field(ge=8)  # pixels
+    splits: list[Literal["train", "val", "test"]]
+    num_workers: int = Field(ge=0)
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
+    interpolation: Literal["bicubic", "bilinear"]  # vce.data.frames.INTERPOLATION
 
 
 class _Decode(Dataset):

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section
 from vce.data.frame_files import IndexReport, drop_bad_files, find_folders, list_frames
 
 GALAR_VIDEO_FOLDER = re.compile(r"^(?:recording_)?0*(\d+)$", re.IGNORECASE)
@@ -42,22 +43,17 @@ COLUMNS = ["video_id", "frame", "index", "path", *LABELS, "event_unit", "capsule
 TEST_COLUMNS = [c for c in COLUMNS if c not in LABELS]
 
 
-@dataclasses.dataclass
-class DataParams:
-    root: str = "data/demo/galar"
-    labels_dir: str = "Labels"
-    metadata: str | None = "metadata.csv"
-    test_root: str | None = "data/demo/test"
-    check_png_end: bool = True
-    max_missing_fraction: float = 0.01
-    report_examples: int = 20
+class DataParams(Section):
+    """`data`: where the frames and labels are."""
 
-    def check(self, section: str) -> None:
-        require(bool(self.root), f"{section}.root", "must name the Galar layout's root folder")
-        require(bool(self.labels_dir), f"{section}.labels_dir", "must name the label CSV folder")
-        require(0 <= self.max_missing_fraction <= 1, f"{section}.max_missing_fraction",
-                "must be in [0, 1]")
-        require(self.report_examples >= 0, f"{section}.report_examples", "must be >= 0")
+    root: str = Field(min_length=1)  # the Galar layout's root folder
+    labels_dir: str = Field(min_length=1)  # the label CSV folder
+    metadata: str | None
+    test_root: str | None
+    check_png_end: bool
+    max_missing_fraction: float = Field(ge=0, le=1)
+    report_examples: int = Field(ge=0)
+    max_frame_pixels: int = Field(ge=1)  # width × height a frame header may declare (decompression bombs)
 
 
 def _under(root: Path, path: str) -> Path:

@@ -11,30 +11,32 @@ partition does not depend on `fold`), and fold `fold` is the validation part.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section
 
 
-@dataclasses.dataclass
-class SplitParams:
-    seed: int = 42
-    val_fraction: float = 0.25
-    n_folds: int = 1
-    fold: int = 0
-    candidates: int = 2000
+class SplitParams(Section):
+    """`split`: the train/validation split by video."""
 
-    def check(self, section: str) -> None:
-        require(0 < self.val_fraction < 1, f"{section}.val_fraction", "must be in (0, 1)")
-        require(self.n_folds >= 1, f"{section}.n_folds", "must be >= 1 (1: one split)")
-        require(0 <= self.fold < self.n_folds, f"{section}.fold",
-                f"must be in 0..n_folds-1 (n_folds = {self.n_folds})")
-        require(self.candidates >= 1, f"{section}.candidates", "must be >= 1")
+    seed: int = Field(ge=0)
+    val_fraction: float = Field(gt=0, lt=1)
+    n_folds: int = Field(ge=1)  # 1: one split
+    fold: int = Field(ge=0)
+    folds: list[int]  # the fold ids DVC's train/predict matrix runs: must be [0, 1, …, n_folds - 1]
+    candidates: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _fold_exists(self):
+        self.require(self.fold < self.n_folds, "fold", f"must be in 0..n_folds-1 (n_folds = {self.n_folds})")
+        self.require(self.folds == list(range(self.n_folds)), "folds",
+                     f"must list every fold 0..n_folds-1 once, in order: {list(range(self.n_folds))} "
+                     f"for n_folds = {self.n_folds} (dvc.yaml's train/predict matrix runs one entry per item)")
+        return self
 
 
 def video_positives(frames: pd.DataFrame) -> pd.DataFrame:

@@ -17,13 +17,14 @@ Layout written under `out`:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
+from typing import Annotated
 
 import cv2
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
 from vce.core.labels import (
     LABEL_INDEX,
@@ -33,7 +34,7 @@ from vce.core.labels import (
     PATHOLOGY,
     REGIONS,
 )
-from vce.core.params import require
+from vce.core.params import Section
 
 # Real Galar statistics (fixtures/galar_label_stats.csv: run-length median and 90th percentile
 # in annotated frames; share of the 80 videos in which the label occurs at all).
@@ -61,45 +62,31 @@ TEST_VIDEOS = (("ukdd_navi_00051", 49), ("ukdd_navi_00068", 81), ("ukdd_navi_000
 Z90 = 1.2815515655446004  # standard normal 90th percentile: sigma = ln(p90 / median) / Z90
 
 
-@dataclasses.dataclass
-class DemoParams:
-    seed: int = 42
-    n_videos: int = 8
-    frames_per_video: int = 1200
-    n_test_videos: int = 2
-    test_frames_per_video: int = 600
-    image_size: int = 64
-    frame_step: int = 5
-    region_fractions: list[float] = dataclasses.field(
-        default_factory=lambda: [0.03, 0.03, 0.12, 0.47, 0.35])
-    region_jitter: float = 0.3
-    presence_floor: float = 0.35
-    events_per_label: float = 2.0
-    min_event_frames: int = 3
-    max_event_frames: int = 60
-    noise: float = 12.0
-    mark_strength: float = 0.8
+class DemoParams(Section):
+    """`demo`: the generated dataset (see params.yaml for each knob)."""
 
-    def check(self, section: str) -> None:
-        require(1 <= self.n_videos <= 80, f"{section}.n_videos", "must be in 1..80")
-        require(0 <= self.n_test_videos <= 9, f"{section}.n_test_videos", "must be in 0..9")
-        require(self.frames_per_video >= 100, f"{section}.frames_per_video", "must be >= 100")
-        require(self.test_frames_per_video >= 100, f"{section}.test_frames_per_video",
-                "must be >= 100")
-        require(16 <= self.image_size <= 512, f"{section}.image_size", "must be in 16..512")
-        require(self.frame_step >= 1, f"{section}.frame_step", "must be >= 1")
-        require(len(self.region_fractions) == len(REGIONS)
-                and all(f > 0 for f in self.region_fractions),
-                f"{section}.region_fractions", f"must be {len(REGIONS)} positive numbers "
-                f"(shares of {', '.join(REGIONS)})")
-        require(self.region_jitter >= 0, f"{section}.region_jitter", "must be >= 0")
-        require(0 <= self.presence_floor <= 1, f"{section}.presence_floor", "must be in [0, 1]")
-        require(self.events_per_label >= 1, f"{section}.events_per_label", "must be >= 1")
-        require(1 <= self.min_event_frames <= self.max_event_frames,
-                f"{section}.min_event_frames",
-                f"must be in 1..max_event_frames ({self.max_event_frames})")
-        require(self.noise >= 0, f"{section}.noise", "must be >= 0")
-        require(0 < self.mark_strength <= 1, f"{section}.mark_strength", "must be in (0, 1]")
+    seed: int = Field(ge=0)
+    n_videos: int = Field(ge=1, le=80)
+    frames_per_video: int = Field(ge=100)
+    n_test_videos: int = Field(ge=0, le=9)
+    test_frames_per_video: int = Field(ge=100)
+    image_size: int = Field(ge=16, le=512)
+    frame_step: int = Field(ge=1)
+    region_fractions: list[Annotated[float, Field(gt=0)]] = Field(
+        min_length=len(REGIONS), max_length=len(REGIONS))  # shares of mouth … colon
+    region_jitter: float = Field(ge=0)
+    presence_floor: float = Field(ge=0, le=1)
+    events_per_label: float = Field(ge=1)
+    min_event_frames: int = Field(ge=1)
+    max_event_frames: int = Field(ge=1)
+    noise: float = Field(ge=0)
+    mark_strength: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _event_lengths(self):
+        self.require(self.min_event_frames <= self.max_event_frames, "min_event_frames",
+                     f"must be <= max_event_frames ({self.max_event_frames})")
+        return self
 
 
 # ---------------------------------------------------------------- label timelines

@@ -9,7 +9,6 @@ rename). Under torchrun each rank takes a contiguous block of videos and rank 0 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -19,36 +18,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
+from pydantic import Field
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from vce.core.contracts import embeddings_schema, probs_schema
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section
 from vce.data.dataset import FrameDataset, eval_transform, normalize_batch
 from vce.data.frame_cache import CachedFrameDataset, FrameCache
 
 
-@dataclass
-class PredictParams:
-    batch_size: int = 256
-    num_workers: int = 2
-    tta_flip: bool = False
-    embeddings: bool = False
-    splits: list[str] = field(default_factory=lambda: ["val"])
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = True
-    compile: bool = False
-    row_group_frames: int = 65536
-    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
+class PredictParams(Section):
+    """`predict`: frame probabilities (and embeddings) for every split."""
 
-    def check(self, section: str) -> None:
-        require(self.batch_size >= 1, f"{section}.batch_size", "must be >= 1")
-        require(self.num_workers >= 0, f"{section}.num_workers", "must be >= 0")
-        require(self.row_group_frames >= 1, f"{section}.row_group_frames", "must be >= 1")
-        bad = [s for s in self.splits if s not in ("train", "val")]
-        require(not bad, f"{section}.splits", f"unknown split(s) {bad}; allowed: train, val")
+    batch_size: int = Field(ge=1)
+    num_workers: int = Field(ge=0)
+    tta_flip: bool
+    embeddings: bool  # the temporal stage reads them
+    splits: list[Literal["train", "val"]]  # labelled splits besides the test set
+    device: Literal["auto", "cpu", "cuda"]
+    bf16: bool
+    compile: bool
+    row_group_frames: int = Field(ge=1)
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
 
 
 def _table(frames: pd.DataFrame, probs: np.ndarray, valid: np.ndarray) -> pa.Table:

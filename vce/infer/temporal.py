@@ -5,7 +5,7 @@ frames and regions last thousands of frames, so a frame's neighbours say much ab
 module trains a light sequence model on the frozen embeddings `predict` writes
 (`predict.embeddings: true`) and outputs refined probabilities in the probabilities contract
 (video_id, frame, 17 float32 label columns, valid), so thresholds, events and score run on them
-unchanged (`thresholds.probs: temporal`).
+unchanged (`post.probs: temporal`).
 
 Model (a non-causal TCN; Bai et al. 2018, "An Empirical Evaluation of Generic Convolutional and
 Recurrent Networks for Sequence Modeling", with centred instead of causal padding since whole
@@ -25,8 +25,8 @@ NaN probabilities in the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -34,39 +34,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.nn as nn
+from pydantic import Field
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, NUM_LABELS
-from vce.core.params import require
+from vce.core.params import OddInt, Section
 from vce.post.timeline import match_frames
 from vce.train.losses import LossParams, asymmetric_loss
 
 
-@dataclass
-class TemporalParams:
-    hidden: int = 64
-    kernel_size: int = 3
-    dilations: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
-    dropout: float = 0.1
-    steps: int = 300
-    batch_chunks: int = 8
-    chunk_frames: int = 256
-    lr: float = 1.0e-3
-    weight_decay: float = 1.0e-4
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+class TemporalParams(Section):
+    """`temporal`: the dilated TCN over frame embeddings."""
 
-    def check(self, section: str = "temporal") -> None:
-        require(self.hidden >= 1, f"{section}.hidden", f"must be >= 1, got {self.hidden}")
-        require(self.kernel_size >= 1 and self.kernel_size % 2 == 1, f"{section}.kernel_size",
-                f"must be an odd integer >= 1, got {self.kernel_size}")
-        require(len(self.dilations) > 0 and all(d >= 1 for d in self.dilations), f"{section}.dilations",
-                "must be a non-empty list of integers >= 1")
-        require(0.0 <= self.dropout < 1.0, f"{section}.dropout", f"must be in [0, 1), got {self.dropout}")
-        for key in ("steps", "batch_chunks", "chunk_frames"):
-            require(getattr(self, key) >= 1, f"{section}.{key}", f"must be >= 1, got {getattr(self, key)}")
-        require(self.lr > 0, f"{section}.lr", f"must be > 0, got {self.lr}")
-        require(self.weight_decay >= 0, f"{section}.weight_decay", f"must be >= 0, got {self.weight_decay}")
-        require(self.device in ("auto", "cpu", "cuda"), f"{section}.device", "must be auto, cpu or cuda")
+    hidden: int = Field(ge=1)
+    kernel_size: OddInt
+    dilations: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    dropout: float = Field(ge=0, lt=1)
+    steps: int = Field(ge=1)
+    batch_chunks: int = Field(ge=1)
+    chunk_frames: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    device: Literal["auto", "cpu", "cuda"]
 
 
 # ----------------------------------------------------------------------------- data

@@ -19,17 +19,17 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from copy import deepcopy
-from dataclasses import asdict, dataclass
 from typing import Literal
 
 import timm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
 from vce.core.errors import ParamsError
 from vce.core.labels import NUM_LABELS
-from vce.core.params import require
+from vce.core.params import Section
 from vce.model.clip_source import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
@@ -47,32 +47,28 @@ __all__ = [
 ]
 
 
-@dataclass
-class ModelParams:
-    source: str = "tiny"
-    diff_attention: bool = True
-    dropout: float = 0.4
-    # frame_probs: "mean" = average of classifier and contrastive sigmoid probabilities (the
-    # project default; the seed's report does not say how it combined them), "cls" or "con" alone.
-    fusion: Literal["mean", "cls", "con"] = "mean"
-    excitation_reduction: int = 4
-    con_scale_init: float = 10.0
-    con_bias_init: float = -10.0
-    cache_dir: str | None = None
+class ModelParams(Section):
+    """`model`: the image model, one factory for every source."""
 
-    def check(self, section: str = "model") -> None:
-        known = self.source in PACKAGED_SOURCES or self.source.startswith(
-            (HF_HUB_PREFIX, LOCAL_DIR_PREFIX)
-        )
-        require(known, f"{section}.source",
-                f"{self.source!r}: must be tiny, random, hf-hub:ORG/NAME or local-dir:PATH")
-        require(self.source not in (HF_HUB_PREFIX, LOCAL_DIR_PREFIX), f"{section}.source",
-                f"{self.source!r}: empty name after the prefix")
-        require(0.0 <= self.dropout < 1.0, f"{section}.dropout", f"{self.dropout}: must be in [0, 1)")
-        require(self.excitation_reduction >= 1, f"{section}.excitation_reduction",
-                f"{self.excitation_reduction}: must be >= 1")
-        require(self.con_scale_init > 0, f"{section}.con_scale_init",
-                f"{self.con_scale_init}: must be > 0")
+    source: str  # tiny | random | hf-hub:ORG/NAME | local-dir:PATH
+    diff_attention: bool
+    dropout: float = Field(ge=0, lt=1)
+    # frame_probs: "mean" = average of classifier and contrastive sigmoid probabilities (the
+    # project's choice; the seed's report does not say how it combined them), "cls" or "con" alone.
+    fusion: Literal["mean", "cls", "con"]
+    excitation_reduction: int = Field(ge=1)
+    con_scale_init: float = Field(gt=0)
+    con_bias_init: float
+    cache_dir: str | None
+
+    @model_validator(mode="after")
+    def _known_source(self):
+        prefixed = self.source.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX))
+        self.require(self.source in PACKAGED_SOURCES or prefixed, "source",
+                     "must be tiny, random, hf-hub:ORG/NAME or local-dir:PATH")
+        self.require(self.source not in (HF_HUB_PREFIX, LOCAL_DIR_PREFIX), "source",
+                     "empty name after the prefix")
+        return self
 
 
 class ImageTower(nn.Module):
@@ -224,7 +220,7 @@ def create_model(params: ModelParams, prompt_embeddings: torch.Tensor | None = N
         "vision_cfg": deepcopy(model_cfg["vision_cfg"]),
         "embed_dim": int(model_cfg["embed_dim"]),
         "preprocess": preprocess_config(config),
-        **{k: v for k, v in asdict(params).items() if k not in ("source", "cache_dir")},
+        **{k: v for k, v in params.model_dump().items() if k not in ("source", "cache_dir")},
         "contrastive": prompt_embeddings is not None,
     }
     tower = ImageTower(arch["vision_cfg"], arch["embed_dim"])

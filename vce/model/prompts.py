@@ -19,15 +19,15 @@ Pretrained sources must load their weights (`require_pretrained`); there is no r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from pydantic import Field, model_validator
 
 from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section
 from vce.model.clip_source import LOCAL_DIR_PREFIX, SourceError, resolve_source
 from vce.model.frame_model import ModelParams
 
@@ -36,15 +36,16 @@ DEFAULT_TEMPLATES = ["a video capsule endoscopy image showing {label}"]
 HF_TEXT_FILES = ("config.json", "vocab.txt", "tokenizer_config.json")
 
 
-@dataclass
-class PromptParams:
-    templates: list[str] = field(default_factory=lambda: list(DEFAULT_TEMPLATES))
+class PromptParams(Section):
+    """`prompts`: label prompt templates for the text tower."""
 
-    def check(self, section: str = "prompts") -> None:
-        require(len(self.templates) > 0, f"{section}.templates", "needs at least one template")
+    templates: list[str] = Field(min_length=1)  # {label} is replaced by each label name
+
+    @model_validator(mode="after")
+    def _placeholders(self):
         for i, template in enumerate(self.templates):
-            require("{label}" in template, f"{section}.templates[{i}]",
-                    f"{template!r} has no {{label}} placeholder")
+            self.require("{label}" in template, f"templates.{i}", "has no {label} placeholder")
+        return self
 
 
 def prompt_texts(templates: list[str]) -> list[str]:

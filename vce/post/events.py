@@ -28,98 +28,77 @@ separated by such gaps, so every step is one vectorised pass over all videos.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
 import zipfile
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import pydantic
+from pydantic import Field, PrivateAttr, model_validator
 
 from vce.core.errors import DataError, ParamsError
 from vce.core.io import atomic_path
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
-from vce.core.params import require
+from vce.core.params import FieldError, OddInt, Section, explain
 from vce.post.anatomy import anatomy_runs
 
 # Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
 LABEL_KNOBS = {"median_window": int, "fill_gap": int, "min_length": int, "presence_threshold": float, "presence_min_frames": int}
 
 
-@dataclass
-class EventParams:
-    style: Literal["tuple", "per_label"] = "tuple"
-    median_window: int = 7
-    fill_gap: int = 5
-    min_length: int = 3
-    presence: Literal["none", "max", "frames"] = "max"
-    presence_threshold: float = 0.9
-    presence_min_frames: int = 1
-    multi_label: bool = True
-    per_label: dict = field(default_factory=dict)  # label -> {knob: value} overriding LABEL_KNOBS
-    anatomy: Literal["none", "viterbi"] = "none"  # viterbi: regions from one monotone path (vce.anatomy)
-    emission: Literal["probs", "runs"] = "probs"  # viterbi: region scores from probabilities or thresholded runs
-    switch_penalty: float = 10.0  # viterbi: cost of each region switch (log-probability units; frames for runs)
-    landmarks: Literal["window", "peak"] = "window"  # viterbi: landmark runs kept near / placed at boundaries
-    landmark_window: int = 30  # viterbi: frames either side of a decoded boundary where its landmark may fire
-    landmark_length: int = 3  # viterbi, peak: frames of the event placed at the landmark's peak
+class EventParams(Section):
+    """`events`: frame probabilities → events (per-label overrides in `per_label`)."""
+
+    style: Literal["tuple", "per_label"]
+    median_window: OddInt  # median filter window in frames
+    fill_gap: int = Field(ge=0)
+    min_length: int = Field(ge=1)
+    presence: Literal["none", "max", "frames"]
+    presence_threshold: float = Field(ge=0, le=1)
+    presence_min_frames: int = Field(ge=1)
+    multi_label: bool
+    per_label: dict[str, dict[str, Any]]  # label -> {knob: value} overriding LABEL_KNOBS
+    anatomy: Literal["none", "viterbi"]  # viterbi: regions from one monotone path (vce.post.anatomy)
+    emission: Literal["probs", "runs"]  # viterbi: region scores from probabilities or thresholded runs
+    switch_penalty: float = Field(ge=0)  # viterbi: cost of each region switch
+    landmarks: Literal["window", "peak"]  # viterbi: landmark runs kept near / placed at boundaries
+    landmark_window: int = Field(ge=0)  # viterbi: frames either side of a boundary where its landmark may fire
+    landmark_length: int = Field(ge=1)  # viterbi, peak: frames of the event placed at the landmark's peak
+    _label_params: dict = PrivateAttr(default_factory=dict)  # for_label's cache
+
+    @model_validator(mode="after")
+    def _overrides(self):
+        """Each label's overrides: a known label, known knobs, values valid as the shared knob."""
+        for label, overrides in self.per_label.items():
+            self.require(label in LABEL_INDEX, f"per_label.{label}", f"unknown label; allowed: {list(LABELS)}")
+            for knob in overrides:
+                self.require(knob in LABEL_KNOBS, f"per_label.{label}.{knob}",
+                             f"unknown knob; allowed: {list(LABEL_KNOBS)}")
+            try:
+                self.for_label(label)
+            except pydantic.ValidationError as err:
+                error = err.errors(include_url=False)[0]
+                knob = error["loc"][0]
+                raise FieldError(f"per_label.{label}.{knob}", explain(error)) from None
+        return self
 
     def for_label(self, label: str) -> EventParams:
-        """The knobs that apply to `label` (its overrides over the shared values)."""
+        """The knobs that apply to `label` (its overrides over the shared values), validated."""
         overrides = self.per_label.get(label)
-        return dataclasses.replace(self, **overrides, per_label={}) if overrides else self
+        if not overrides:
+            return self
+        key = (label, tuple(sorted(overrides.items())))  # validated once (tuning calls this often)
+        if key not in self._label_params:
+            self._label_params[key] = self.replace(**overrides, per_label={})
+        return self._label_params[key]
 
     def max_reach(self) -> int:
         """Longest median half-window or gap fill any label uses (the timeline must allow it)."""
         labels = [self] + [self.for_label(label) for label in self.per_label]
         return max(max(p.median_window // 2, p.fill_gap) for p in labels)
-
-    def check(self, section: str = "events") -> None:
-        require(self.style in ("tuple", "per_label"), f"{section}.style", "must be tuple or per_label")
-        require(
-            self.median_window >= 1 and self.median_window % 2 == 1,
-            f"{section}.median_window",
-            f"must be an odd integer >= 1, got {self.median_window}",
-        )
-        require(self.fill_gap >= 0, f"{section}.fill_gap", f"must be >= 0, got {self.fill_gap}")
-        require(self.min_length >= 1, f"{section}.min_length", f"must be >= 1, got {self.min_length}")
-        require(
-            self.presence in ("none", "max", "frames"),
-            f"{section}.presence",
-            f"must be one of none, max, frames; got {self.presence!r}",
-        )
-        require(
-            0.0 <= self.presence_threshold <= 1.0,
-            f"{section}.presence_threshold",
-            f"must be in [0, 1], got {self.presence_threshold}",
-        )
-        require(
-            self.presence_min_frames >= 1,
-            f"{section}.presence_min_frames",
-            f"must be >= 1, got {self.presence_min_frames}",
-        )
-        require(self.anatomy in ("none", "viterbi"), f"{section}.anatomy", f"must be none or viterbi, got {self.anatomy!r}")
-        require(self.emission in ("probs", "runs"), f"{section}.emission", f"must be probs or runs, got {self.emission!r}")
-        require(self.switch_penalty >= 0, f"{section}.switch_penalty", f"must be >= 0, got {self.switch_penalty}")
-        require(self.landmarks in ("window", "peak"), f"{section}.landmarks", f"must be window or peak, got {self.landmarks!r}")
-        require(self.landmark_window >= 0, f"{section}.landmark_window", f"must be >= 0, got {self.landmark_window}")
-        require(self.landmark_length >= 1, f"{section}.landmark_length", f"must be >= 1, got {self.landmark_length}")
-        require(isinstance(self.per_label, dict), f"{section}.per_label", "must be a mapping label -> {knob: value}")
-        for label, overrides in self.per_label.items():
-            key = f"{section}.per_label.{label}"
-            require(label in LABEL_INDEX, f"{section}.per_label", f"unknown label {label!r}; allowed: {list(LABELS)}")
-            require(
-                isinstance(overrides, dict) and set(overrides) <= set(LABEL_KNOBS),
-                key,
-                f"must be a mapping with keys among {list(LABEL_KNOBS)}",
-            )
-            for knob, value in overrides.items():
-                kind = LABEL_KNOBS[knob]
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-                require(ok and (kind is float or isinstance(value, int)), f"{key}.{knob}", f"must be {kind.__name__}, got {value!r}")
-            self.for_label(label).check(key)
 
 
 # ----------------------------------------------------------------------------- the frame axis
@@ -392,7 +371,11 @@ def labels_to_submission(frame_labels: pd.DataFrame, time_col: str = "t") -> dic
     A new event whenever the set of active labels changes (no smoothing); frames with no active
     label, and missing times, produce no event; events in time order, label lists alphabetical.
     """
-    raw = EventParams(style="tuple", median_window=1, fill_gap=0, min_length=1, presence="none")
+    raw = EventParams(  # the official ground truth's decoding: no smoothing, no presence rule, no anatomy
+        style="tuple", median_window=1, fill_gap=0, min_length=1, presence="none", presence_threshold=0.0,
+        presence_min_frames=1, multi_label=True, per_label={}, anatomy="none", emission="probs",
+        switch_penalty=0.0, landmarks="window", landmark_window=0, landmark_length=1,
+    )
     timeline = build_timeline(frame_labels, time_col, max_reach=1)
     runs = timeline_runs(timeline, {label: 0.5 for label in LABELS}, raw)
     return _submission(timeline, *_event_records(timeline, runs, raw, with_confidence=False), by_confidence=False)

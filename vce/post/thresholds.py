@@ -21,16 +21,15 @@ A change is kept only when it raises the objective, so the result never scores b
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field, model_validator
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, NUM_LABELS
-from vce.core.params import require
+from vce.core.params import OddInt, Section
 from vce.eval.score import score
 from vce.post.events import (
     EventParams,
@@ -43,60 +42,36 @@ from vce.post.events import (
 OBJECTIVES = ("mean", "map@0.5", "map@0.95")
 
 
-@dataclass
-class ThresholdParams:
-    method: Literal["f1", "map"] = "f1"
-    low_support: float = 0.01
-    low_start: float = 0.05
-    grid_start: float = 0.10
-    grid_stop: float = 0.95
-    grid_step: float = 0.01
-    off_threshold: float = 1.01
-    objective: Literal["mean", "map@0.5", "map@0.95"] = "mean"
-    coarse_grid: list[float] = field(
-        default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01]
-    )
-    rounds: int = 2
-    refine_step: float = 0.04
-    styles: list[str] = field(default_factory=lambda: ["tuple", "per_label"])
-    median_windows: list[int] = field(default_factory=lambda: [1, 3, 7, 15, 31])
-    fill_gaps: list[int] = field(default_factory=lambda: [0, 5, 15, 30])
-    min_lengths: list[int] = field(default_factory=lambda: [1, 3, 6, 10])
-    presence_thresholds: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.5, 0.7, 0.9])
+Probability = Annotated[float, Field(ge=0, le=1)]
 
-    def check(self, section: str = "thresholds") -> None:
-        require(self.method in ("f1", "map"), f"{section}.method", "must be f1 or map")
-        require(0.0 <= self.low_support <= 1.0, f"{section}.low_support", "must be in [0, 1]")
-        for key in ("low_start", "grid_start", "grid_stop"):
-            require(0.0 <= getattr(self, key) <= 1.0, f"{section}.{key}", "must be in [0, 1]")
-        require(self.grid_start <= self.grid_stop, f"{section}.grid_start", "must be <= grid_stop")
-        require(0.0 < self.grid_step <= 1.0, f"{section}.grid_step", "must be in (0, 1]")
-        require(self.off_threshold > 1.0, f"{section}.off_threshold", "must be > 1 (a threshold no probability reaches)")
-        require(self.objective in OBJECTIVES, f"{section}.objective", f"must be one of {list(OBJECTIVES)}")
-        require(
-            len(self.coarse_grid) > 0 and all(0.0 <= t <= self.off_threshold for t in self.coarse_grid),
-            f"{section}.coarse_grid",
-            "must be a non-empty list of thresholds in [0, off_threshold]",
-        )
-        require(self.rounds >= 0, f"{section}.rounds", "must be >= 0")
-        require(0.0 < self.refine_step < 1.0, f"{section}.refine_step", "must be in (0, 1)")
-        require(
-            len(self.styles) > 0 and all(style in ("tuple", "per_label") for style in self.styles),
-            f"{section}.styles",
-            "must be a non-empty list of tuple / per_label",
-        )
-        require(
-            len(self.median_windows) > 0 and all(w >= 1 and w % 2 == 1 for w in self.median_windows),
-            f"{section}.median_windows",
-            "must be a non-empty list of odd integers >= 1",
-        )
-        require(len(self.fill_gaps) > 0 and all(g >= 0 for g in self.fill_gaps), f"{section}.fill_gaps", "must be a non-empty list of integers >= 0")
-        require(len(self.min_lengths) > 0 and all(m >= 1 for m in self.min_lengths), f"{section}.min_lengths", "must be a non-empty list of integers >= 1")
-        require(
-            len(self.presence_thresholds) > 0 and all(0.0 <= t <= 1.0 for t in self.presence_thresholds),
-            f"{section}.presence_thresholds",
-            "must be a non-empty list of numbers in [0, 1]",
-        )
+
+class ThresholdParams(Section):
+    """`thresholds`: how per-class thresholds (and, for `map`, event knobs) are chosen."""
+
+    method: Literal["f1", "map"]
+    low_support: Probability
+    low_start: Probability
+    grid_start: Probability
+    grid_stop: Probability
+    grid_step: float = Field(gt=0, le=1)
+    off_threshold: float = Field(gt=1)  # a threshold no probability reaches
+    objective: Literal["mean", "map@0.5", "map@0.95"]
+    coarse_grid: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    rounds: int = Field(ge=0)
+    refine_step: float = Field(gt=0, lt=1)
+    styles: list[Literal["tuple", "per_label"]] = Field(min_length=1)
+    median_windows: list[OddInt] = Field(min_length=1)
+    fill_gaps: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    presence_thresholds: list[Probability] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _grids(self):
+        self.require(self.grid_start <= self.grid_stop, "grid_start", f"must be <= grid_stop ({self.grid_stop})")
+        for i, value in enumerate(self.coarse_grid):
+            self.require(value <= self.off_threshold, f"coarse_grid.{i}",
+                         f"must be in [0, off_threshold ({self.off_threshold})]")
+        return self
 
 
 # ----------------------------------------------------------------------------- F1
@@ -177,7 +152,7 @@ def _validation_gt(gt: dict, video_ids: list[str]) -> dict:
 
 def _with_override(params: EventParams, label: str, knob: str, value) -> EventParams:
     per_label = {**params.per_label, label: {**params.per_label.get(label, {}), knob: value}}
-    return dataclasses.replace(params, per_label=per_label)
+    return params.replace(per_label=per_label)
 
 
 def tune_on_map(
@@ -225,11 +200,11 @@ def tune_on_map(
     # 2. Shared knobs: event style, then each knob over its grid.
     for style in params.styles:
         if style != event_params.style:
-            consider(thresholds, dataclasses.replace(event_params, style=style), f"style={style}")
+            consider(thresholds, event_params.replace(style=style), f"style={style}")
     for knob, grid in knob_grids.items():
         for value in grid:
             if value != getattr(event_params, knob):
-                consider(thresholds, dataclasses.replace(event_params, **{knob: value}), f"{knob}={value}")
+                consider(thresholds, event_params.replace(**{knob: value}), f"{knob}={value}")
     # 3. Per label again: its own knobs (regions want long windows, short lesions short ones),
     #    then its threshold once more under them.
     for label in LABELS:
@@ -259,7 +234,7 @@ def tune_on_map(
         "best": best,
         "evaluations": evaluate.evaluations,
         "labels_off": [label for label in LABELS if thresholds[label] > 1.0],
-        "event_params": dataclasses.asdict(event_params),
+        "event_params": event_params.model_dump(),
         "steps": steps,
     }
     return thresholds, event_params, report

@@ -22,36 +22,35 @@ Both terms are averaged over frames and labels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field
 
 from vce.core.labels import NUM_LABELS
-from vce.core.params import require
+from vce.core.params import Section
 
 
-@dataclass
-class LossParams:
-    gamma_pos: float = 1.0
-    gamma_neg: float = 4.0
-    clip: float = 0.05
-    label_smoothing: float = 0.05
-    con_weight: float = 0.4
-    pos_weight_max: float = 100.0
-    eps: float = 1e-8
+class LossParams(Section):
+    """`loss`: asymmetric focal loss + contrastive weighted BCE."""
 
-    def check(self, section: str = "loss") -> None:
-        require(self.gamma_pos >= 0, f"{section}.gamma_pos", f"{self.gamma_pos}: must be >= 0")
-        require(self.gamma_neg >= 0, f"{section}.gamma_neg", f"{self.gamma_neg}: must be >= 0")
-        require(0 <= self.clip < 1, f"{section}.clip", f"{self.clip}: must be in [0, 1)")
-        require(0 <= self.label_smoothing < 0.5, f"{section}.label_smoothing",
-                f"{self.label_smoothing}: must be in [0, 0.5)")
-        require(self.con_weight >= 0, f"{section}.con_weight", f"{self.con_weight}: must be >= 0")
-        require(self.pos_weight_max >= 1, f"{section}.pos_weight_max",
-                f"{self.pos_weight_max}: must be >= 1")
-        require(0 < self.eps < 1e-3, f"{section}.eps", f"{self.eps}: must be in (0, 1e-3)")
+    gamma_pos: float = Field(ge=0)
+    gamma_neg: float = Field(ge=0)
+    clip: float = Field(ge=0, lt=1)
+    label_smoothing: float = Field(ge=0, lt=0.5)
+    con_weight: float = Field(ge=0)
+    pos_weight_max: float = Field(ge=1)
+    eps: float = Field(gt=0, lt=1e-3)
+
+
+def smoothed_bce(logits: torch.Tensor, target: float, clip: float, eps: float) -> torch.Tensor:
+    """CE(y, p) = −[y · log p + (1 − y) · log(1 − p_m)] element-wise, p = σ(logits)."""
+    probs = torch.sigmoid(logits)
+    shifted = (probs - clip).clamp(min=0) if clip > 0 else probs
+    loss = -(1 - target) * torch.log((1 - shifted).clamp(min=eps))
+    if target > 0:
+        loss = loss - target * torch.log(probs.clamp(min=eps))
+    return loss
 
 
 def asymmetric_loss(logits: torch.Tensor, targets: torch.Tensor, gamma_pos: float,

@@ -10,58 +10,46 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from pydantic import Field
 from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from vce.core.labels import LABELS
-from vce.core.params import require
+from vce.core.params import Section, require
 from vce.data.dataset import AugmentParams, EpochSampler, normalize_batch
 from vce.eval.frame_metrics import frame_metrics
 from vce.model import checkpoint
 from vce.model.device import Distributed, autocast, resolve_device, setup_distributed
 
 
-@dataclass
-class TrainParams:
-    epochs: int = 5
-    batch_size: int = 128
-    lr_head: float = 3e-4
-    lr_backbone: float = 9e-5
-    weight_decay: float = 5e-4
-    pct_start: float = 0.15
-    ema_decay: float = 0.999
-    ema_warmup: bool = True
-    mixup_alpha: float = 0.3
-    samples_per_epoch: int = 0
-    val_batch_size: int = 256
-    num_workers: int = 2
-    checkpoint_every: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = True
-    compile: bool = False
-    decoder: Literal["pyspng", "opencv", "pil", "torchvision"] = "pyspng"
-    augment: AugmentParams = field(default_factory=AugmentParams)
+class TrainParams(Section):
+    """`train`: the training recipe."""
 
-    def check(self, section: str) -> None:
-        require(self.epochs >= 1, f"{section}.epochs", f"must be >= 1, got {self.epochs}")
-        require(self.batch_size >= 1, f"{section}.batch_size", "must be >= 1")
-        for name in ("lr_head", "lr_backbone"):
-            require(getattr(self, name) > 0, f"{section}.{name}", "must be > 0")
-        require(self.weight_decay >= 0, f"{section}.weight_decay", "must be >= 0")
-        require(0 < self.pct_start < 1, f"{section}.pct_start", "must be in (0, 1)")
-        require(0 <= self.ema_decay < 1, f"{section}.ema_decay", "must be in [0, 1)")
-        require(self.mixup_alpha >= 0, f"{section}.mixup_alpha", "must be >= 0 (0 disables mixup)")
-        require(self.samples_per_epoch >= 0, f"{section}.samples_per_epoch", "must be >= 0 (0 = all training frames)")
-        require(self.num_workers >= 0, f"{section}.num_workers", "must be >= 0")
-        require(self.checkpoint_every >= 0, f"{section}.checkpoint_every", "must be >= 0 (0 = once per epoch)")
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    lr_head: float = Field(gt=0)
+    lr_backbone: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    pct_start: float = Field(gt=0, lt=1)
+    ema_decay: float = Field(ge=0, lt=1)
+    ema_warmup: bool
+    mixup_alpha: float = Field(ge=0)  # 0 disables mixup
+    samples_per_epoch: int = Field(ge=0)  # 0 = all training frames
+    val_batch_size: int = Field(ge=1)
+    num_workers: int = Field(ge=0)
+    checkpoint_every: int = Field(ge=0)  # 0 = once per epoch
+    device: Literal["auto", "cpu", "cuda"]
+    bf16: bool
+    compile: bool
+    decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
+    augment: AugmentParams
 
 
 def step_seed(seed: int, epoch: int, step: int) -> int:
@@ -282,7 +270,7 @@ class Trainer:
 
 def describe(params: TrainParams) -> dict:
     """The params that define a run's trajectory (epochs excluded: extending is a resume)."""
-    values = asdict(params)
+    values = params.model_dump()
     for key in ("epochs", "num_workers", "val_batch_size"):
         values.pop(key)
     return values
