@@ -145,7 +145,10 @@ class CachedFrameDataset(Dataset):
     """FrameDataset's twin over a FrameCache: same items, no decoding."""
 
     def __init__(self, cache: FrameCache, cache_rows, targets, out_size, transform, resize: bool):
-        """`resize`: bring cached frames to out_size first (eval); training crops do it themselves."""
+        """`resize`: bring cached frames to out_size first (eval); training crops do it themselves.
+
+        Eval pixels equal the PNG path's exactly when the cache is at out_size (cache.size = the
+        model's image size); a larger cache resizes a second time (within a few pixel levels)."""
         self.cache, self.cache_rows, self.targets = cache, np.asarray(cache_rows), targets
         self.out_size, self.transform, self.resize = out_size, transform, resize
 
@@ -159,11 +162,10 @@ class CachedFrameDataset(Dataset):
         cache_row = int(self.cache_rows[row])
         valid = bool(self.cache.valid[cache_row])
         if valid:
-            image = torch.from_numpy(np.array(self.cache.pixels[cache_row])).permute(2, 0, 1)  # (3, S, S)
-            if self.resize and image.shape[-1] != self.out_size:
-                image = torch.nn.functional.interpolate(image[None].float(), size=self.out_size, mode="bicubic",
-                                                        antialias=True)[0].round().clamp(0, 255).byte()
-            image = self.transform(image)
+            pixels = np.array(self.cache.pixels[cache_row])  # (S, S, 3)
+            if self.resize:  # the one resize (open_clip's); a no-op when the cache is at out_size
+                pixels = resize_frame(pixels, self.out_size, self.cache.meta["interpolation"])
+            image = self.transform(torch.from_numpy(pixels).permute(2, 0, 1))  # (3, S, S)
         else:
             image = torch.zeros(3, self.out_size, self.out_size, dtype=torch.uint8)
         target = (torch.zeros(len(LABELS)) if self.targets is None

@@ -19,12 +19,11 @@ cv2.setNumThreads(1)
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_IEND = b"IEND\xaeB`\x82"
 
-INTERPOLATION = {
-    "bicubic": cv2.INTER_CUBIC,
-    "bilinear": cv2.INTER_LINEAR,
-    "area": cv2.INTER_AREA,
-    "nearest": cv2.INTER_NEAREST,
-}
+# The one resize of every path (train, predict, cache, benchmarks): PIL's antialiased filters,
+# which is what open_clip's `preprocess` runs (torchvision Resize on a PIL image), so frames reach
+# the model as in BiomedCLIP's own preprocessing (tests/test_preprocess.py: equal to open_clip's
+# uint8 pixels for 224-512 px frames). open_clip's configs name one of these two.
+INTERPOLATION = ("bicubic", "bilinear")
 
 
 class FrameError(DataError):
@@ -96,7 +95,8 @@ def available_decoders() -> list[str]:
 
 def decode_frame(path: str | Path, size: int | None = None, interpolation: str = "bicubic",
                  decoder: str = "opencv") -> np.ndarray:
-    """Read an image file into an RGB uint8 array (H, W, 3), optionally resized to size × size.
+    """Read an image file into an RGB uint8 array (H, W, 3), optionally resized to size × size
+    (`resize_frame`, open_clip's resize).
 
     Greyscale, RGBA and 16-bit frames are converted to 8-bit RGB (OpenCV's IMREAD_COLOR).
     `decoder` picks the PNG decoder; all give identical pixels on 8-bit RGB PNGs (tested),
@@ -119,8 +119,27 @@ def decode_frame(path: str | Path, size: int | None = None, interpolation: str =
         image = _decode_cv2(data)  # modes a fast decoder declines (16-bit, palette) go to OpenCV
     if image is None:
         raise FrameError(f"{path}: not a decodable image")
-    if size is not None and image.shape[:2] != (size, size):
-        down = image.shape[0] > size
-        flag = cv2.INTER_AREA if down and interpolation == "area" else INTERPOLATION[interpolation]
-        image = cv2.resize(image, (size, size), interpolation=flag)
+    if size is not None:
+        image = resize_frame(image, size, interpolation)
     return image
+
+
+def resize_frame(image: np.ndarray, size: int, interpolation: str = "bicubic") -> np.ndarray:
+    """RGB uint8 (H, W, 3) → (size, size, 3) exactly as open_clip's eval preprocess does it.
+
+    Shortest side to `size` with PIL's antialiased filter, then the centre square (capsule frames
+    are square: a single resize). A frame already at `size` is returned unchanged.
+    """
+    if interpolation not in INTERPOLATION:
+        raise ParamsError(f"interpolation {interpolation!r}: must be one of {list(INTERPOLATION)}")
+    height, width = image.shape[:2]
+    if (height, width) == (size, size):
+        return image
+    from PIL import Image
+
+    long = int(size * max(height, width) / min(height, width))  # torchvision's Resize(int) rule
+    new_w, new_h = (size, long) if width <= height else (long, size)
+    resample = Image.Resampling.BICUBIC if interpolation == "bicubic" else Image.Resampling.BILINEAR
+    resized = np.array(Image.fromarray(np.ascontiguousarray(image)).resize((new_w, new_h), resample))  # writable
+    top, left = int(round((new_h - size) / 2)), int(round((new_w - size) / 2))  # CenterCrop's rule
+    return np.ascontiguousarray(resized[top:top + size, left:left + size])

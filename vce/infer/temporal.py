@@ -40,7 +40,7 @@ from vce.core.errors import DataError
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import OddInt, Section
 from vce.post.timeline import match_frames
-from vce.train.losses import LossParams, asymmetric_loss
+from vce.train.losses import LossParams, asymmetric_loss, masked_frame_loss
 
 
 class TemporalParams(Section):
@@ -156,6 +156,16 @@ def _crop_batch(seq: Sequences, chunk: int, count: int, rng: np.random.Generator
     return seq.embeddings[rows], seq.valid[rows] & inside, seq.labels[rows]
 
 
+def temporal_loss(model: TemporalConvNet, embeddings: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor,
+                  loss_params: LossParams) -> torch.Tensor:
+    """The frame model's ASL (its smoothing inside) averaged over valid frames only: invalid and
+    padded frames (valid False) carry no label and add nothing to the loss or its gradient."""
+    logits = model(embeddings, valid.float())  # (B, C, 17)
+    per_label = asymmetric_loss(logits, labels.float(), loss_params.gamma_pos, loss_params.gamma_neg,
+                                loss_params.clip, loss_params.eps, loss_params.label_smoothing)
+    return masked_frame_loss(per_label, valid)
+
+
 def train_temporal(train: Sequences, params: TemporalParams, loss_params: LossParams, seed: int,
                    device: torch.device) -> tuple[TemporalConvNet, list[float]]:
     """Train on random crops of the training videos; returns the model (eval mode) and step losses."""
@@ -170,17 +180,11 @@ def train_temporal(train: Sequences, params: TemporalParams, loss_params: LossPa
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=params.lr, weight_decay=params.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=params.lr, total_steps=params.steps, pct_start=0.1)
-    smoothing = loss_params.label_smoothing
     losses = []
     for _ in range(params.steps):
         embeddings, valid, labels = _crop_batch(train, params.chunk_frames, params.batch_chunks, rng)
-        embeddings = torch.from_numpy(embeddings).to(device)
-        valid = torch.from_numpy(valid).to(device)
-        targets = smoothing + (1 - 2 * smoothing) * torch.from_numpy(labels).to(device).float()  # (B, C, 17)
-        logits = model(embeddings, valid.float())
-        per_frame = asymmetric_loss(logits, targets, loss_params.gamma_pos, loss_params.gamma_neg,
-                                    loss_params.clip, loss_params.eps).mean(dim=-1)  # (B, C)
-        loss = (per_frame * valid).sum() / valid.sum().clamp(min=1)
+        loss = temporal_loss(model, torch.from_numpy(embeddings).to(device), torch.from_numpy(valid).to(device),
+                             torch.from_numpy(labels).to(device), loss_params)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
