@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import cv2
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from conftest import ROOT
 
 from vce.core.labels import LABELS
 from vce.data.index import COLUMNS, TEST_COLUMNS, DataParams, build_index
@@ -69,7 +72,9 @@ test_layout.__test__ = False  # a builder, not a test
 
 
 def params(tmp_path, **overrides) -> DataParams:
-    values = dict(root=str(tmp_path / "galar"), test_root=None)
+    """params.yaml's `data` section pointed at tmp_path (no test set), with overrides."""
+    values = yaml.safe_load((ROOT / "params.yaml").read_text())["data"]
+    values.update(root=str(tmp_path / "galar"), test_root=None)
     return DataParams(**{**values, **overrides})
 
 
@@ -336,8 +341,9 @@ def load_stage():
 
 
 def stage_paths(tmp_path, **data) -> list[str]:
-    values = {"root": str(tmp_path / "galar"), "test_root": str(tmp_path / "test"), **data}
-    (tmp_path / "params.yaml").write_text(json.dumps({"data": values}))
+    full = yaml.safe_load((ROOT / "params.yaml").read_text())
+    full["data"].update({"root": str(tmp_path / "galar"), "test_root": str(tmp_path / "test"), **data})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(full))
     return ["--params", str(tmp_path / "params.yaml"),
             "--frames-out", str(tmp_path / "out/frames.parquet"),
             "--test-out", str(tmp_path / "out/test.parquet"),
@@ -365,3 +371,106 @@ def test_stage_error_exits_2_with_message_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert stage.main(stage_paths(tmp_path, check_png_end="yes")) == 2
     assert "data.check_png_end = 'yes': must be true or false" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- hostile files (issue 20)
+
+def test_two_label_csvs_for_one_video_is_an_error_naming_both(tmp_path):
+    root = tmp_path / "galar"
+    write_video(root, "1", "1", 4)
+    (root / "Labels" / "01.csv").write_text((root / "Labels" / "1.csv").read_text())
+    with pytest.raises(ValueError, match=(
+            rf"^two label CSVs for video 1: {root}/Labels/01.csv and {root}/Labels/1.csv; keep one$")):
+        build_index(params(tmp_path))
+
+
+def test_a_label_column_written_twice_is_an_error_naming_file_and_column(tmp_path):
+    root = tmp_path / "galar"
+    table = write_video(root, "1", "1", 4)
+    lines = (root / "Labels" / "1.csv").read_text().splitlines()
+    lines = [lines[0] + ",blood"] + [line + ",1" for line in lines[1:]]
+    (root / "Labels" / "1.csv").write_text("\n".join(lines) + "\n")
+    assert table["blood"].sum() < 4  # the second column (all 1) would change the labels
+    with pytest.raises(ValueError, match=rf"^{root}/Labels/1.csv: column 'blood' appears 2 times"):
+        build_index(params(tmp_path))
+
+
+def test_a_semicolon_separated_label_csv_names_the_separator(tmp_path):
+    root = tmp_path / "galar"
+    table = write_video(root, "1", "1", 4)
+    table.to_csv(root / "Labels" / "1.csv", sep=";", index=False)
+    with pytest.raises(ValueError, match=rf"^{root}/Labels/1.csv: the header is one ';'-separated field"):
+        build_index(params(tmp_path))
+
+
+def test_a_header_only_label_csv_skips_its_video_with_a_warning_naming_it(tmp_path):
+    root = tmp_path / "galar"
+    write_video(root, "1", "1", 4)
+    table = write_video(root, "2", "2", 3)
+    table.iloc[:0].to_csv(root / "Labels" / "2.csv", index=False)
+    frames, _, report = build_index(params(tmp_path))
+    assert frames["video_id"].unique().tolist() == ["1"]
+    assert warnings_of(report)["label_csv_without_rows"]["examples"] == [
+        f"{root}/Labels/2.csv: header only, no label rows; video 2 ({root}/2) skipped"]
+    assert "frame_without_label" not in warnings_of(report)
+
+
+def test_a_frame_number_past_int64_is_an_error_naming_file_and_line(tmp_path):
+    root = tmp_path / "galar"
+    table = write_video(root, "1", "1", 4).astype(object)
+    table.loc[2, "frame"] = "1e20"
+    table.to_csv(root / "Labels" / "1.csv", index=False)
+    with pytest.raises(ValueError, match=rf"^{root}/Labels/1.csv: column 'frame', line 4: value '1e20' is out of range"):
+        build_index(params(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["2 ", " 2", "recording_2\n"])
+def test_a_galar_folder_with_spaces_in_its_name_is_named(tmp_path, name):
+    root = tmp_path / "galar"
+    write_video(root, "1", "1", 4)
+    write_video(root, name, "2", 4)
+    with pytest.raises(ValueError, match=rf"folder {re.escape(repr(name))} looks like a video folder.*"
+                                         rf"rename it to {re.escape(repr(name.strip()))}$"):
+        build_index(params(tmp_path))
+
+
+def test_a_test_folder_with_a_trailing_newline_is_named_not_written_into_the_submission(tmp_path, galar):
+    test_layout(tmp_path / "test", names=("ukdd_navi_00051\n", "ukdd_navi_00068", "ukdd_navi_00076"))
+    with pytest.raises(ValueError, match=r"folder 'ukdd_navi_00051\\n' looks like a video folder"):
+        build_index(params(tmp_path, test_root=str(tmp_path / "test")))
+
+
+def png_header_claiming(width: int, height: int) -> bytes:
+    """A small file whose PNG header declares width × height (a decompression bomb's shape)."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", 13) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    idat = zlib.compress(b"\0" * 1000)
+    data = struct.pack(">I", len(idat)) + b"IDAT" + idat + struct.pack(">I", zlib.crc32(b"IDAT" + idat))
+    return b"\x89PNG\r\n\x1a\n" + chunk + data + b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def test_frame_files_by_content_jpeg_kept_non_image_and_oversized_dropped(tmp_path):
+    root = tmp_path / "galar"
+    write_video(root, "1", "1", 6)
+    jpeg = cv2.imencode(".jpg", np.zeros((2, 2, 3), np.uint8))[1].tobytes()
+    (root / "1" / "frame_000005.PNG").write_bytes(jpeg)
+    (root / "1" / "frame_000010.PNG").write_bytes(b"GIF89a" + b"\0" * 40)
+    (root / "1" / "frame_000015.PNG").write_bytes(png_header_claiming(60000, 60000))
+    (root / "1" / "frame_000020.PNG").write_bytes(jpeg[:-2])
+    frames, _, report = build_index(params(tmp_path, max_frame_pixels=1000 * 1000))
+    assert frames["frame"].tolist() == [0, 5, 25]
+    warnings = warnings_of(report)
+    assert warnings["not_png_frame_file"]["examples"] == [
+        f"{root}/1/frame_000005.PNG: a JPEG file named .png; kept, decoded as JPEG"]
+    assert warnings["not_an_image_file"]["examples"] == [
+        f"{root}/1/frame_000010.PNG: neither PNG nor JPEG (starts with b'GIF89a\\x00\\x00')"]
+    assert warnings["oversized_frame_file"]["examples"] == [
+        f"{root}/1/frame_000015.PNG: 3,600,000,000 pixels in its header, over data.max_frame_pixels = 1,000,000"]
+    assert warnings["truncated_frame_file"]["examples"] == [
+        f"{root}/1/frame_000020.PNG: truncated JPEG (no end marker)"]
+    # The limit is a knob: at 4e9 pixels the 60000² header passes the index (decode time decides).
+    frames, _, _ = build_index(params(tmp_path, max_frame_pixels=4 * 10**9))
+    assert 15 in frames["frame"].tolist()

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 
 from vce.core.errors import DataError, ParamsError
+from vce.data.frame_files import image_pixels
 
 # OpenCV's own thread pool fights the DataLoader workers for the same cores.
 cv2.setNumThreads(1)
@@ -24,6 +25,11 @@ _PNG_IEND = b"IEND\xaeB`\x82"
 # the model as in BiomedCLIP's own preprocessing (tests/test_preprocess.py: equal to open_clip's
 # uint8 pixels for 224-512 px frames). open_clip's configs name one of these two.
 INTERPOLATION = ("bicubic", "bilinear")
+
+
+# OpenCV's own ceiling (CV_IO_MAX_IMAGE_PIXELS, 2**30): every decoder gets the same one, so a
+# 60000² header is an invalid frame whichever decoder is chosen, not a cv2.error from one of them.
+DECODER_MAX_PIXELS = 1 << 30
 
 
 class FrameError(DataError):
@@ -45,6 +51,8 @@ def _decode_pil(data: np.ndarray):
             if image.mode in ("I;16", "I;16B", "I"):
                 return None  # 16-bit: left to OpenCV, which scales it to 8 bits
             return np.asarray(image.convert("RGB"))
+    except Image.DecompressionBombError as err:
+        raise MemoryError(str(err)) from None  # over PIL's size limit: no fallback decoder either
     except OSError:
         return None
 
@@ -94,7 +102,7 @@ def available_decoders() -> list[str]:
 
 
 def decode_frame(path: str | Path, size: int | None = None, interpolation: str = "bicubic",
-                 decoder: str = "opencv") -> np.ndarray:
+                 decoder: str = "opencv", max_pixels: int | None = None) -> np.ndarray:
     """Read an image file into an RGB uint8 array (H, W, 3), optionally resized to size × size
     (`resize_frame`, open_clip's resize).
 
@@ -102,7 +110,10 @@ def decode_frame(path: str | Path, size: int | None = None, interpolation: str =
     `decoder` picks the PNG decoder; all give identical pixels on 8-bit RGB PNGs (tested),
     so it is a speed choice only (bench/predict.py measures them).
     A PNG must end with its IEND chunk: libpng would otherwise return a partly grey image
-    from a truncated file without an error.
+    from a truncated file without an error. A PNG or JPEG whose header declares more than
+    `max_pixels` pixels (data.max_frame_pixels; the index already drops those) or than
+    DECODER_MAX_PIXELS is refused before any decoder allocates it; a decoder's own limit
+    (PIL's DecompressionBombError) is a FrameError too, never a traceback.
     """
     path = Path(path)
     try:
@@ -114,9 +125,19 @@ def decode_frame(path: str | Path, size: int | None = None, interpolation: str =
     head = data[:8].tobytes()
     if head == _PNG_SIGNATURE and data[-8:].tobytes() != _PNG_IEND:
         raise FrameError(f"{path}: truncated PNG (no IEND chunk at the end)")
-    image = DECODERS[decoder](data)
-    if image is None and decoder != "opencv":
-        image = _decode_cv2(data)  # modes a fast decoder declines (16-bit, palette) go to OpenCV
+    limit = DECODER_MAX_PIXELS if max_pixels is None else min(max_pixels, DECODER_MAX_PIXELS)
+    pixels = image_pixels(data[:65536].tobytes())
+    if pixels is not None and pixels > limit:
+        raise FrameError(f"{path}: header declares {pixels:,} pixels, over "
+                         + (f"data.max_frame_pixels = {limit:,}" if limit == max_pixels else
+                            f"the {limit:,} any decoder here accepts"))
+    try:
+        image = DECODERS[decoder](data)
+        if image is None and decoder != "opencv":
+            image = _decode_cv2(data)  # modes a fast decoder declines (16-bit, palette) go to OpenCV
+    except (cv2.error, MemoryError) as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise FrameError(f"{path}: not decodable ({reason})") from None
     if image is None:
         raise FrameError(f"{path}: not a decodable image")
     if size is not None:

@@ -18,7 +18,7 @@ warning in the index report where skipping is safe (vce.frame_files.WARNING_KIND
 
 from __future__ import annotations
 
-import dataclasses
+import csv as _csv
 import difflib
 import re
 from pathlib import Path
@@ -32,12 +32,17 @@ from vce.core.labels import LABELS
 from vce.core.params import Section
 from vce.data.frame_files import IndexReport, drop_bad_files, find_folders, list_frames
 
-GALAR_VIDEO_FOLDER = re.compile(r"^(?:recording_)?0*(\d+)$", re.IGNORECASE)
-GALAR_FRAME = re.compile(r"^frame_(\d+)\.png$", re.IGNORECASE)
-GALAR_LABEL_CSV = re.compile(r"^0*(\d+)\.csv$", re.IGNORECASE)
-TEST_VIDEO_FOLDER = re.compile(r"^ukdd_navi_\d+$")
-TEST_FRAME = re.compile(r"^frame_(\d+)\.png$", re.IGNORECASE)
-TEST_LIST_CSV = re.compile(r"^(ukdd_navi_\d+)\.csv$")
+# Names end with \Z, not $: `$` also matches before a trailing newline ("ukdd_navi_00051\n").
+GALAR_VIDEO_FOLDER = re.compile(r"^(?:recording_)?0*(\d+)\Z", re.IGNORECASE)
+GALAR_FRAME = re.compile(r"^frame_(\d+)\.png\Z", re.IGNORECASE)
+GALAR_LABEL_CSV = re.compile(r"^0*(\d+)\.csv\Z", re.IGNORECASE)
+TEST_VIDEO_FOLDER = re.compile(r"^ukdd_navi_\d+\Z")
+TEST_FRAME = re.compile(r"^frame_(\d+)\.png\Z", re.IGNORECASE)
+TEST_LIST_CSV = re.compile(r"^(ukdd_navi_\d+)\.csv\Z")
+# Near-misses of the folder names (spaces, a newline around them): named in an error, not skipped.
+LOOSE_NAME = {GALAR_VIDEO_FOLDER: re.compile(r"^\s*(?:recording_)?0*(\d+)\s*\Z", re.IGNORECASE),
+              TEST_VIDEO_FOLDER: re.compile(r"^\s*ukdd_navi_\d+\s*\Z")}
+MAX_FRAME_NUMBER = 2**53  # frame and index values must be exact integers (also as float64)
 FOLDER_DEPTH = 3  # video folders sit at most this deep under a root (root/archive/video)
 COLUMNS = ["video_id", "frame", "index", "path", *LABELS, "event_unit", "capsule"]
 TEST_COLUMNS = [c for c in COLUMNS if c not in LABELS]
@@ -76,6 +81,12 @@ def _integers(values: pd.Series, csv: Path, column: str) -> np.ndarray:
         value = "" if pd.isna(values.iloc[row]) else str(values.iloc[row])
         raise DataError(f"{csv}: column '{column}', line {row + 2}: "
                          f"value {value!r} is not an integer")
+    huge = numbers.abs() >= MAX_FRAME_NUMBER
+    if huge.any():
+        row = int(np.flatnonzero(huge.to_numpy())[0])
+        text = pd.read_csv(csv, usecols=[column], dtype=str, keep_default_na=False)[column].iloc[row]
+        raise DataError(f"{csv}: column '{column}', line {row + 2}: value {text!r} "
+                         f"is out of range (at most {MAX_FRAME_NUMBER - 1})")
     return numbers.to_numpy().astype(np.int64)
 
 
@@ -86,7 +97,14 @@ def read_label_csv(csv: Path, report: IndexReport) -> pd.DataFrame:
     frame, or a duplicate frame or index is an error: the labels would be wrong.
     """
     try:
-        header = list(pd.read_csv(csv, nrows=0).columns)
+        header = _raw_header(csv)
+        twice = sorted({h for h in header if header.count(h) > 1 and h in ("index", "frame", *LABELS)})
+        if twice:
+            raise DataError(f"{csv}: column '{twice[0]}' appears {header.count(twice[0])} times in "
+                            "the header; which one holds the labels is unknowable")
+        if len(header) == 1 and header[0].count(";") >= 2:
+            raise DataError(f"{csv}: the header is one ';'-separated field; Galar label CSVs "
+                            "are comma-separated (re-save it with ',' as the separator)")
         for column in ("index", "frame", *LABELS):
             if column not in header:
                 near = difflib.get_close_matches(column, [str(h) for h in header], n=1)
@@ -122,6 +140,12 @@ def read_label_csv(csv: Path, report: IndexReport) -> pd.DataFrame:
             value = labels[column].iloc[lines[0] - 2]
             raise DataError(f"{csv}: duplicate {column} {value} on lines {lines[0]} and {lines[1]}")
     return labels.sort_values("frame", ignore_index=True)
+
+
+def _raw_header(csv: Path) -> list[str]:
+    """The first line's field names as written (pandas would rename a repeated one 'x.1')."""
+    with open(csv, newline="", encoding="utf-8-sig") as f:
+        return next(_csv.reader(f), [])
 
 
 def read_capsules(root: Path, cfg: DataParams, report: IndexReport) -> dict[str, str]:
@@ -160,6 +184,10 @@ def index_galar_video(video_id: str, folder: Path, csv: Path, root: Path, capsul
         report.warn("empty_video_folder", [f"{folder}: no frame files; video {video_id} skipped"])
         return None
     labels = read_label_csv(csv, report)
+    if labels.empty:
+        report.warn("label_csv_without_rows",
+                    [f"{csv}: header only, no label rows; video {video_id} ({folder}) skipped"])
+        return None
     missing = labels[~labels["frame"].isin(files["frame"])]
     if len(missing) > cfg.max_missing_fraction * len(labels):
         raise DataError(
@@ -173,7 +201,7 @@ def index_galar_video(video_id: str, folder: Path, csv: Path, root: Path, capsul
     report.warn("frame_without_label",
                 [f"{folder / name}: frame on disk has no row in {csv}"
                  for name in unlabelled["name"]])
-    files = drop_bad_files(files, folder, report)
+    files = drop_bad_files(files, folder, report, cfg.max_frame_pixels)
     rows = labels.merge(files[["frame", "name"]], on="frame", how="inner", validate="1:1")
     if (np.diff(rows["index"].to_numpy()) <= 0).any():
         report.warn("index_not_increasing", [f"{csv}: index does not increase with frame"])
@@ -185,11 +213,21 @@ def index_galar_video(video_id: str, folder: Path, csv: Path, root: Path, capsul
     return rows[COLUMNS]
 
 
+def _video_folders(root: Path, name: re.Pattern, skip: set[Path]) -> list[Path]:
+    """Folders named like a video under `root`; a near-miss ('2 ', 'ukdd_navi_00051\\n') is an error."""
+    folders = find_folders(root, LOOSE_NAME[name], FOLDER_DEPTH, skip)
+    for folder in folders:
+        if not name.match(folder.name):
+            raise DataError(f"{folder.parent}: folder {folder.name!r} looks like a video folder but has "
+                            f"spaces or line breaks in its name; rename it to {folder.name.strip()!r}")
+    return folders
+
+
 def find_galar_videos(root: Path, labels_dir: Path) -> dict[str, Path]:
     """video_id → frame folder; two folders for one id is an error."""
     videos: dict[str, Path] = {}
     skip = {labels_dir.resolve()}
-    for folder in find_folders(root, GALAR_VIDEO_FOLDER, FOLDER_DEPTH, skip):
+    for folder in _video_folders(root, GALAR_VIDEO_FOLDER, skip):
         video_id = str(int(GALAR_VIDEO_FOLDER.match(folder.name).group(1)))
         if video_id in videos:
             raise DataError(f"two folders for video {video_id}: {videos[video_id]} and {folder}")
@@ -205,8 +243,14 @@ def index_galar(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
     labels_dir = _under(root, cfg.labels_dir)
     if not labels_dir.is_dir():
         raise DataError(f"label folder not found: {labels_dir} (data.labels_dir)")
-    csvs = {str(int(m.group(1))): p for p in sorted(labels_dir.iterdir())
-            if (m := GALAR_LABEL_CSV.match(p.name))}
+    csvs: dict[str, Path] = {}
+    for path in sorted(labels_dir.iterdir()):
+        if m := GALAR_LABEL_CSV.match(path.name):
+            video_id = str(int(m.group(1)))
+            if video_id in csvs:
+                raise DataError(f"two label CSVs for video {video_id}: {csvs[video_id]} and {path}; "
+                                "keep one")
+            csvs[video_id] = path
     folders = find_galar_videos(root, labels_dir)
     capsules = read_capsules(root, cfg, report)
     tables = []
@@ -283,7 +327,7 @@ def index_test_video(folder: Path, frame_list: Path | None, root: Path, cfg: Dat
         report.warn("test_frame_not_listed",
                     [f"{folder / n}: not in {frame_list}; kept"
                      for n in files.loc[~files["frame"].isin(listed), "name"]])
-    files = drop_bad_files(files, folder, report)
+    files = drop_bad_files(files, folder, report, cfg.max_frame_pixels)
     gaps = np.flatnonzero(np.diff(files["frame"].to_numpy()) != 1)
     report.warn("test_frames_not_contiguous",
                 [f"{folder}: no frames between {files['frame'].iloc[g]} and "
@@ -304,7 +348,7 @@ def index_test(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
     root = Path(cfg.test_root)
     if not root.is_dir():
         raise DataError(f"test data root not found: {root} (data.test_root)")
-    folders = find_folders(root, TEST_VIDEO_FOLDER, FOLDER_DEPTH, set())
+    folders = _video_folders(root, TEST_VIDEO_FOLDER, set())
     if not folders:
         raise DataError(f"{root}: no test video folders ukdd_navi_<number>/ (data.test_root)")
     lists = _frame_lists(folders)
