@@ -57,10 +57,11 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     params = load_params(args.params)
-    thresholds, tuned = load_thresholds(args.thresholds)
-    event_params = from_dict(EventParams, tuned if tuned else params["events"],
-                             f"{args.thresholds}:events" if tuned else "events")
+    event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs
+    thresholds, tuned = load_thresholds(args.thresholds)
+    if tuned:
+        event_params = from_dict(EventParams, tuned, f"{args.thresholds}:events")
     probs_dir = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
     val_probs = args.val_probs or str(probs_dir / "val.parquet")
     test_probs = args.test_probs or str(probs_dir / "test.parquet")

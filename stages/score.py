@@ -14,16 +14,10 @@ import sys
 from vce.core import runner
 from vce.core.contracts import read_index
 from vce.core.io import read_json, write_json
-from vce.core.params import Section, load_section
+from vce.core.params import ScoreParams, load_section
 from vce.eval.score import score
 from vce.post.events import labels_to_submission
 from vce.post.timeline import labels_on_time
-
-
-class ScoreParams(Section):
-    """`score`: what the stage scores besides the validation events."""
-
-    test_gt: str | None  # ground truth of the test set when known (the demo's), else null
 
 
 def parse_args(argv):

@@ -21,6 +21,36 @@ def load_stage(name: str):
     return importlib.import_module(f"stages.{name}")
 
 
+def repo_params() -> dict:
+    """The repository's params.yaml as a dict (a fresh copy each call)."""
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def section_params(cls, section: str, **overrides):
+    """`cls` validated from the repository's params.yaml `section` with `overrides` applied.
+
+    Nested mappings are merged one level down (``augment={"rotation": 0.0}`` keeps the other
+    augment keys). Tests build params this way: there are no defaults in the code.
+    """
+    from vce.core.params import from_dict
+
+    values = repo_params()[section]
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(values.get(key), dict) and key != "per_label"
+        values[key] = {**values[key], **value} if nested else value
+    return from_dict(cls, values, section)
+
+
+def write_params(path, **sections) -> Path:
+    """Write the repository's params.yaml to `path` with per-section key overrides."""
+    params = repo_params()
+    for section, values in sections.items():
+        params[section].update(values)
+    path = Path(path)
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
 def tiny_params(tmp_path) -> dict:
     """The repository's params.yaml, scaled to seconds: 4 short videos, 2 tiny epochs."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())

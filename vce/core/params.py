@@ -35,7 +35,8 @@ from pydantic import AfterValidator, ConfigDict, Field
 from vce.core.errors import ParamsError
 
 __all__ = [
-    "BaseParams", "FieldError", "OddInt", "ParamsError", "explain", "PostParams", "SECTIONS", "Section",
+    "BaseParams", "FieldError", "OddInt", "ParamsError", "PostParams", "SECTIONS", "ScoreParams", "Section",
+    "explain",
     "from_dict", "load_params", "load_section", "require",
 ]
 
@@ -85,6 +86,12 @@ class PostParams(Section):
     """`post`: which probabilities feed thresholds, events and report."""
 
     probs: typing.Literal["frame", "temporal"]
+
+
+class ScoreParams(Section):
+    """`score`: what is scored besides the validation events (stages score and report)."""
+
+    test_gt: str | None  # ground truth of the test set when known (the demo's), else null
 
 
 # Every top-level section of params.yaml; `load_params` rejects any other and any missing.
