@@ -1,8 +1,18 @@
-"""Stage `predict`: stream frames through the trained model into probabilities Parquet.
+"""Stage `predict`: stream frames through one fold's model into probabilities Parquet.
 
-Writes `val.parquet` (validation videos), `test.parquet` (the unlabelled test set, possibly
-empty) and, with `predict.embeddings`, `<split>_embeddings.parquet` for each predicted split,
-plus a small JSON report of counts and undecodable frames.
+Split by purpose, so that a new test exam costs only its own frames:
+
+- ``--part labelled`` (dvc.yaml `predict@k`): the labelled videos fold k holds out
+  (`val.parquet`, out of fold: the model never trained on them, checked against the videos the
+  model file records) and, with `split.n_folds: 1` and `train` in `predict.splits`, its own
+  training videos (`train.parquet`, for the temporal model). Also writes `coverage.json`
+  (fold, held-out videos, the model's training videos) for the ensemble stage's coverage check.
+- ``--part test`` (dvc.yaml `predict_test@k`): the unlabelled test set (`test.parquet`, possibly
+  empty). Reads only the test index and `data.test_root`.
+- ``--part all`` (the default, outside DVC): both, into one folder (the layout before folds).
+
+With `predict.embeddings` each predicted split also gets `<split>_embeddings.parquet`; a small
+JSON report holds counts and undecodable frames.
 """
 
 from __future__ import annotations
@@ -16,23 +26,44 @@ from vce.core.contracts import read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.params import from_dict, load_params
+from vce.data.folds import check_unseen, fold_frames, held_out_videos
 from vce.data.frame_cache import FrameCache
 from vce.data.index import DataParams
+from vce.data.split import SplitParams
 from vce.infer.predict import PredictParams, predict_sharded
 from vce.model import checkpoint
 from vce.model.device import resolve_device, setup_distributed
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--model", default="models/model.pt")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split")
+    parser.add_argument("--part", choices=("labelled", "test", "all"), default="all",
+                        help="labelled: the fold's held-out (and, with one split, training) videos; "
+                             "test: the test set; all: both")
+    parser.add_argument("--fold", type=int, default=0, help="the fold whose model predicts (labelled: its held-out videos)")
+    parser.add_argument("--model", default="models/folds/0/model.pt")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split and fold")
     parser.add_argument("--test", default="data/index/test.parquet", help="unlabelled test frame index")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
-    parser.add_argument("--out-dir", default="data/predict")
-    parser.add_argument("--report", default="metrics/predict.json")
+    parser.add_argument("--out-dir", default="data/predict/fold_0")
+    parser.add_argument("--report", default="metrics/folds/predict_0.json")
     return parser.parse_args(argv)
+
+
+def labelled_jobs(args, params: dict, data: DataParams, predict_params: PredictParams, payload: dict):
+    """(split, rows, root) to predict for the labelled part, and the coverage record."""
+    split = from_dict(SplitParams, params["split"], "split")
+    frames = fold_frames(read_index(args.frames), args.fold, args.frames)
+    held_out = held_out_videos(frames, args.fold)
+    check_unseen(held_out, payload.get("train_videos"), args.fold, args.model)
+    # With k folds the other folds' models predict these training videos out of fold: the
+    # temporal model learns from those, so in-sample predictions of them would be wasted time.
+    splits = ["val"] + (["train"] if split.n_folds == 1 and "train" in predict_params.splits else [])
+    jobs = [(name, frames[frames["split"] == name], data.root) for name in splits]
+    coverage = {"fold": args.fold, "model": str(args.model), "held_out_videos": held_out,
+                "model_train_videos": sorted(payload["train_videos"])}
+    return jobs, coverage
 
 
 @runner.stage
@@ -41,27 +72,31 @@ def main(argv=None) -> int:
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
-    frames = read_index(args.frames)
-    test = read_index(args.test)
     device = resolve_device(predict_params.device)
     ddp = setup_distributed(device)
-    model, _ = checkpoint.load_model(args.model, device)
-    cache = FrameCache.open(args.cache)
+    model, payload = checkpoint.load_model(args.model, device)
     out = Path(args.out_dir)
-    jobs = [(split, frames[frames["split"] == split], data.root) for split in sorted(set(predict_params.splits) | {"val"})]
-    jobs.append(("test", test, data.test_root))
+    jobs, coverage = [], None
+    if args.part in ("labelled", "all"):
+        jobs, coverage = labelled_jobs(args, params, data, predict_params, payload)
+    if args.part in ("test", "all"):
+        test = read_index(args.test)
+        if len(test) and data.test_root is None:
+            raise DataError(f"{args.test} has frames but data.test_root is null")
+        jobs.append(("test", test, data.test_root))
+    cache = FrameCache.open(args.cache)
     report = {}
     for split, rows, root in jobs:
-        if len(rows) and root is None:
-            raise DataError(f"{args.test} has frames but data.test_root is null")
         embeddings = out / f"{split}_embeddings.parquet" if predict_params.embeddings else None
         report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
-                                        device, embeddings, desc=f"predict {split}", cache=cache)
+                                        device, embeddings, desc=f"predict {split} (fold {args.fold})", cache=cache)
         if report[split]["invalid_frames"]:
             print(f"warning: {report[split]['invalid_frames']} undecodable frame(s) in {split}, "
                   f"e.g. {report[split]['invalid_examples'][0]} (rows kept with valid=false)", file=sys.stderr)
     if ddp.is_main:
-        write_json(args.report, report)
+        if coverage is not None:
+            write_json(out / "coverage.json", coverage)
+        write_json(args.report, {"fold": args.fold, "part": args.part, **report})
     return 0
 
 

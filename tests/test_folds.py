@@ -1,0 +1,197 @@
+"""K-fold training and prediction: every labelled video predicted out of fold exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT, load_stage, prepare_demo
+
+from vce.core.errors import DataError, ParamsError
+from vce.core.labels import LABELS
+from vce.core.params import from_dict
+from vce.data.folds import fold_frames
+from vce.data.split import SplitParams
+from vce.infer.ensemble import check_coverage
+from vce.model import checkpoint
+
+
+def fold_argv(args, tmp_path, fold: int, model_fold: int | None = None) -> dict[str, list[str]]:
+    """train@fold, predict@fold (labelled) and predict_test@fold command lines under tmp_path."""
+    p = args["train"][:2]
+    model = str(tmp_path / f"models/folds/{fold if model_fold is None else model_fold}/model.pt")
+    common = ["--fold", str(fold), "--model", model, "--cache", str(tmp_path / "cache")]
+    return {
+        "train": p + ["--fold", str(fold), "--frames", str(tmp_path / "split/frames.parquet"),
+                      "--cache", str(tmp_path / "cache"), "--prompts", str(tmp_path / "models/prompt_embeddings.pt"),
+                      "--model-out", model, "--state-dir", str(tmp_path / f"models/train_state/fold_{fold}"),
+                      "--metrics", str(tmp_path / f"metrics/folds/train_{fold}.json"),
+                      "--live-dir", str(tmp_path / f"metrics/train/fold_{fold}")],
+        "predict": p + ["--part", "labelled", *common, "--frames", str(tmp_path / "split/frames.parquet"),
+                        "--out-dir", str(tmp_path / f"predict/fold_{fold}"),
+                        "--report", str(tmp_path / f"metrics/folds/predict_{fold}.json")],
+        "predict_test": p + ["--part", "test", *common, "--test", str(tmp_path / "index/test.parquet"),
+                             "--out-dir", str(tmp_path / f"predict_test/fold_{fold}"),
+                             "--report", str(tmp_path / f"metrics/folds/predict_test_{fold}.json")],
+    }
+
+
+def ensemble_argv(args, tmp_path) -> list[str]:
+    return args["train"][:2] + ["--predict-dir", str(tmp_path / "predict"), "--test-dir", str(tmp_path / "predict_test"),
+                                "--frames", str(tmp_path / "split/frames.parquet"),
+                                "--out-dir", str(tmp_path / "ensemble"), "--metrics", str(tmp_path / "metrics/ensemble.json")]
+
+
+def run_folds(tmp_path, n_folds: int, **overrides):
+    args = prepare_demo(tmp_path, split={"n_folds": n_folds, "folds": list(range(n_folds))},
+                        train={"epochs": 1, "samples_per_epoch": 64}, **overrides)
+    for fold in range(n_folds):
+        argv = fold_argv(args, tmp_path, fold)
+        for stage in ("train", "predict", "predict_test"):
+            assert load_stage("train" if stage == "train" else "predict").main(argv[stage]) == 0, (stage, fold)
+    assert load_stage("ensemble").main(ensemble_argv(args, tmp_path)) == 0
+    return args
+
+
+@pytest.fixture(scope="module")
+def three_folds(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("folds")
+    return tmp_path, run_folds(tmp_path, 3)
+
+
+def test_every_labelled_video_is_predicted_once_by_a_model_that_never_saw_it(three_folds):
+    tmp_path, _ = three_folds
+    frames = pd.read_parquet(tmp_path / "split/frames.parquet")
+    oof = pd.read_parquet(tmp_path / "ensemble/val.parquet")
+    # exactly the labelled frames, each once
+    assert not oof.duplicated(["video_id", "frame"]).any()
+    assert sorted(zip(oof["video_id"], oof["frame"])) == sorted(zip(frames["video_id"], frames["frame"]))
+    fold_of = frames.groupby("video_id")["fold"].first()
+    assert sorted(fold_of.unique()) == [0, 1, 2]
+    for video, fold in fold_of.items():
+        trained_on = checkpoint.load(tmp_path / f"models/folds/{fold}/model.pt")["train_videos"]
+        assert video not in trained_on
+        # ... and every other fold's model did train on it (k-fold: held out by one fold only)
+        assert all(video in checkpoint.load(tmp_path / f"models/folds/{k}/model.pt")["train_videos"]
+                   for k in range(3) if k != fold)
+        mine = pd.read_parquet(tmp_path / f"predict/fold_{fold}/val.parquet")
+        rows = oof[oof["video_id"] == video].reset_index(drop=True)
+        assert rows.equals(mine[mine["video_id"] == video].reset_index(drop=True))
+    # with folds the temporal model learns from the out-of-fold predictions of every video
+    train = pd.read_parquet(tmp_path / "ensemble/train.parquet")
+    assert train.equals(oof)
+    index = pd.read_parquet(tmp_path / "ensemble/frames.parquet")
+    assert (index["split"] == "val").all() and len(index) == len(frames)
+
+
+def test_metrics_say_what_each_fold_scores_out_of_fold(three_folds):
+    tmp_path, _ = three_folds
+    metrics = json.loads((tmp_path / "metrics/ensemble.json").read_text())
+    frames = pd.read_parquet(tmp_path / "split/frames.parquet")
+    assert set(metrics["members"]) == {"fold_0", "fold_1", "fold_2"}
+    assert sum(m["frames"] for m in metrics["members"].values()) == metrics["oof"]["frames"] == len(frames)
+    assert metrics["oof"]["videos"] == frames["video_id"].nunique()
+    from sklearn.metrics import average_precision_score
+
+    val = pd.read_parquet(tmp_path / "predict/fold_1/val.parquet").merge(frames, on=["video_id", "frame"],
+                                                                          suffixes=("", ":true"))
+    for label in LABELS:
+        expected = metrics["members"]["fold_1"]["per_class_ap"][label]
+        if val[f"{label}:true"].sum():
+            assert expected == pytest.approx(average_precision_score(val[f"{label}:true"], val[label]), abs=1e-9)
+        else:
+            assert expected is None
+
+
+def test_test_set_gets_every_folds_probabilities_fused(three_folds):
+    tmp_path, _ = three_folds
+    fused = pd.read_parquet(tmp_path / "ensemble/test.parquet")
+    folds = [pd.read_parquet(tmp_path / f"predict_test/fold_{k}/test.parquet") for k in range(3)]
+    assert len(fused) == len(pd.read_parquet(tmp_path / "index/test.parquet")) > 0
+    for fold in folds:
+        assert fold[["video_id", "frame"]].equals(fused[["video_id", "frame"]])
+        assert not np.allclose(fold[list(LABELS)], folds[0][list(LABELS)]) or fold is folds[0]
+    mean = sum(f[list(LABELS)].to_numpy(np.float64) for f in folds) / 3
+    np.testing.assert_allclose(fused[list(LABELS)].to_numpy(), mean, rtol=1e-6)
+    emb = [pd.read_parquet(tmp_path / f"predict_test/fold_{k}/test_embeddings.parquet") for k in range(3)]
+    fused_emb = np.stack(pd.read_parquet(tmp_path / "ensemble/test_embeddings.parquet")["embedding"])
+    np.testing.assert_allclose(fused_emb, sum(np.stack(e["embedding"]).astype(np.float32) for e in emb) / 3,
+                               atol=2e-3)
+
+
+def test_the_later_stages_run_on_the_fold_ensemble(three_folds):
+    tmp_path, args = three_folds
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["temporal"].update(steps=5)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    redirect = {"--predict-dir": str(tmp_path / "ensemble"), "--frames": str(tmp_path / "ensemble/frames.parquet")}
+    for name in ("temporal", "thresholds", "events", "score"):
+        argv = list(args[name])
+        for flag, value in redirect.items():
+            if flag in argv:
+                argv[argv.index(flag) + 1] = value
+        assert load_stage(name).main(argv) == 0, name
+    submitted = json.loads((tmp_path / "events/val.json").read_text())
+    frames = pd.read_parquet(tmp_path / "split/frames.parquet")
+    assert {v["video_id"] for v in submitted["videos"]} == set(frames["video_id"])  # every labelled video scored
+
+
+def test_predicting_with_a_model_that_saw_the_held_out_videos_is_refused(three_folds, tmp_path):
+    root, args = three_folds
+    argv = fold_argv(args, root, 1, model_fold=0)["predict"]
+    argv[argv.index("--out-dir") + 1] = str(tmp_path / "out")
+    with pytest.raises(DataError, match="trained on .* video\\(s\\) that fold 1 holds out"):
+        load_stage("predict").main.__wrapped__(argv)
+
+
+def test_a_video_predicted_by_two_folds_fails_the_coverage_check(three_folds, tmp_path):
+    root, _ = three_folds
+    frames = pd.read_parquet(root / "split/frames.parquet")
+    dirs = {k: root / f"predict/fold_{k}" for k in range(3)}
+    check_coverage(frames, dirs, 3)  # the real folds pass
+    with pytest.raises(DataError, match="no out-of-fold prediction"):
+        check_coverage(frames, {0: dirs[0], 1: dirs[1]}, 3)
+    moved = frames.copy()
+    moved.loc[moved["fold"] == 2, "fold"] = 1  # the index says fold 1 holds out fold 2's videos too
+    with pytest.raises(DataError, match="split index has fold 1 hold out"):
+        check_coverage(moved, dirs, 3)
+
+
+def test_one_split_keeps_the_single_model_layout(tmp_path):
+    args = run_folds(tmp_path, 1)
+    split = pd.read_parquet(tmp_path / "split/frames.parquet")
+    assert set(split.loc[split["split"] == "val", "fold"]) == {0} and set(split.loc[split["split"] == "train", "fold"]) == {-1}
+    assert pd.read_parquet(tmp_path / "ensemble/frames.parquet").equals(split)
+    for name in ("val", "train", "test"):  # the fold-0 model's files, as predict wrote them before folds
+        source = tmp_path / ("predict_test" if name == "test" else "predict") / f"fold_0/{name}.parquet"
+        assert pd.read_parquet(tmp_path / f"ensemble/{name}.parquet").equals(pd.read_parquet(source)), name
+    assert set(pd.read_parquet(tmp_path / "ensemble/train.parquet")["video_id"]) == set(
+        split.loc[split["split"] == "train", "video_id"])
+    # the default `--part all` writes all three into one folder, as the pipeline did before folds
+    argv = fold_argv(args, tmp_path, 0)["predict"]
+    argv = [a for a in argv if a not in ("--part", "labelled")]
+    argv[argv.index("--out-dir") + 1] = str(tmp_path / "all")
+    assert load_stage("predict").main(argv) == 0
+    assert {p.name for p in (tmp_path / "all").glob("*.parquet")} == {
+        f"{s}{e}.parquet" for s in ("train", "val", "test") for e in ("", "_embeddings")}
+
+
+def test_folds_must_list_every_fold_of_n_folds():
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())["split"]
+    assert from_dict(SplitParams, {**params, "n_folds": 3, "folds": [0, 1, 2]}, "split").folds == [0, 1, 2]
+    for folds in ([0, 1], [0, 1, 2, 3], [1, 2, 0], [0, 0, 1]):
+        with pytest.raises(ParamsError, match=r"split\.folds.*\[0, 1, 2\] for n_folds = 3"):
+            from_dict(SplitParams, {**params, "n_folds": 3, "folds": folds}, "split")
+
+
+def test_fold_frames_names_the_missing_column_and_the_empty_fold():
+    frames = pd.DataFrame({"video_id": ["a", "b"], "frame": [0, 0], "split": ["train", "val"]})
+    with pytest.raises(DataError, match="no 'fold' column.*rerun the split stage"):
+        fold_frames(frames, 0)
+    frames["fold"] = [0, 1]
+    assert fold_frames(frames, 1)["split"].tolist() == ["train", "val"]
+    with pytest.raises(DataError, match="fold 2 holds out no video"):
+        fold_frames(frames, 2)
