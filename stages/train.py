@@ -31,7 +31,7 @@ from vce.model import checkpoint
 from vce.model.frame_model import ModelParams, create_model
 from vce.model.prompts import load_prompt_embeddings
 from vce.train.losses import LossParams, VCELoss
-from vce.train.trainer import Trainer, TrainParams, describe
+from vce.train.trainer import Trainer, TrainParams, check_learning_rates, describe
 
 
 def parse_args(argv):
@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     model_params = from_dict(ModelParams, params["model"], "model")
     loss_params = from_dict(LossParams, params["loss"], "loss")
     train_params = from_dict(TrainParams, params["train"], "train")
+    check_learning_rates(train_params, model_params.source)  # before any download or decoding
 
     frames = read_index(args.frames)
     torch.manual_seed(seed)
