@@ -98,7 +98,9 @@ def main(argv=None) -> int:
     device = resolve_device(temporal_params.device)
     frames = read_index(args.frames)
     label_matrix(frames)  # raises naming a missing label column
-    train = load_split(predict_dir, "train", frames[frames["split"] == "train"])
+    # Labels from the whole index: with k folds (data/ensemble) every labelled video is "val" and
+    # its out-of-fold embeddings are also the training set.
+    train = load_split(predict_dir, "train", frames)
     val = load_split(predict_dir, "val", frames[frames["split"] == "val"])
     test = load_split(predict_dir, "test", None)
     model, losses = train_temporal(train, temporal_params, loss_params, seed, device)

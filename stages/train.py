@@ -25,6 +25,7 @@ from vce.data.dataset import (
     rarest_label_weights,
     train_transform,
 )
+from vce.data.folds import fold_frames
 from vce.data.frame_cache import CachedFrameDataset, FrameCache
 from vce.data.index import DataParams
 from vce.model import checkpoint
@@ -44,6 +45,9 @@ def parse_args(argv):
     parser.add_argument("--state-dir", default="models/train_state", help="resumable checkpoints")
     parser.add_argument("--metrics", default="metrics/train.json")
     parser.add_argument("--live-dir", default="metrics/train", help="DVCLive directory")
+    parser.add_argument("--fold", type=int, default=None,
+                        help="train fold k's model: validate on the videos fold k holds out, train on the rest "
+                             "(default: the index's split column)")
     return parser.parse_args(argv)
 
 
@@ -116,6 +120,8 @@ def main(argv=None) -> int:
     check_learning_rates(train_params, model_params.source)  # before any download or decoding
 
     frames = read_index(args.frames)
+    if args.fold is not None:
+        frames = fold_frames(frames, args.fold, args.frames)
     torch.manual_seed(seed)
     prompts = load_prompt_embeddings(args.prompts)
     model = create_model(model_params, prompts)
@@ -134,7 +140,10 @@ def main(argv=None) -> int:
     live, log = (live_logger(args.live_dir, trainer.history) if trainer.ddp.is_main else (None, None))
     trainer.log = log or (lambda record: None)
     best_path = Path(args.state_dir) / "best.pt"
-    result = trainer.fit(lambda ema_model, record: checkpoint.save_model(best_path, ema_model, **record))
+    # The model file names its training videos: predict refuses to call its output out of fold otherwise.
+    train_videos = sorted(train["video_id"].astype(str).unique())
+    result = trainer.fit(lambda ema_model, record: checkpoint.save_model(best_path, ema_model, **record,
+                                                                         train_videos=train_videos))
     if trainer.ddp.is_main:
         live.end()
         Path(args.model_out).parent.mkdir(parents=True, exist_ok=True)

@@ -103,6 +103,10 @@ def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, 
     is_val = pd.Series(groups == val_group, index=positives.index)
     out = frames.copy()
     out["split"] = np.where(out["video_id"].map(is_val).to_numpy(dtype=bool), "val", "train")
+    # The fold that holds each video out (vce.data.folds): with one split, validation is fold 0
+    # and training videos are held out by no fold (-1).
+    held_out_by = groups if cfg.n_folds > 1 else np.where(groups == 1, 0, -1)
+    out["fold"] = out["video_id"].map(pd.Series(held_out_by, index=positives.index)).to_numpy(np.int64)
     return out, summarise(out, positives, is_val, groups, cfg)
 
 
