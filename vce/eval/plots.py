@@ -1,40 +1,34 @@
-"""Plot data and figures of the validation results: curves, the per-class table, event timelines.
+"""Plot data of the validation results for `dvc plots`: curves, per-class and per-video tables.
 
 - `pr_curves` / `roc_curves`: per-label precision-recall and ROC points on validation frames
   (scikit-learn), thinned to at most `max_points` per label so the git-tracked CSVs stay small.
+- `curve_table`: those curves as one long table for the `label_curves` DVC template
+  (.dvc/plots/): per label the curve, the chance baseline (PR: the prevalence; ROC: the
+  diagonal), the point at the chosen threshold, and a summary ("AP 0.981") for the legend.
 - `per_class_table`: support, AP, ROC AUC, threshold, F1 at the threshold and temporal
   AP@0.5/0.95 per label: one row per label, readable by `dvc plots` and by people.
-- `plot_timeline`: one PNG per video, a row per label, ground-truth events above the predicted
-  ones on the event-time axis (matplotlib, Agg backend: no display needed).
 - `write_offline_template`: an HTML template for `dvc plots show --html-template` with vega,
   vega-lite and vega-embed inlined (DVC's own page loads them from a CDN), taken from the
   PyPI package `django-js-lib-vega-embed` (plain JS files, no dependencies).
   CLI: ``python -m vce.eval.plots offline-template [OUT]``.
+
+The event timelines are `vce.eval.timelines`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import precision_recall_curve, roc_curve
+from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score, roc_curve
 
 from vce.core.errors import DataError
-from vce.core.io import atomic_path, write_text
+from vce.core.io import write_text
 from vce.core.labels import LABELS, NUM_LABELS
-
-GT_COLOR = "#2b8a3e"  # ground truth: green
-PRED_COLOR = "#c92a2a"  # prediction: red
-
-
-def label_slug(label: str) -> str:
-    """A file-name-safe form of a label ("small intestine" -> "small_intestine")."""
-    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
 
 
 def _check_arrays(y_true, y_prob, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -84,12 +78,51 @@ def roc_curves(y_true, y_prob, max_points: int = 200) -> dict[str, pd.DataFrame]
     return curves
 
 
-def long_curves(curves: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One long table (label first) of per-label curves."""
-    if not curves:
-        return pd.DataFrame(columns=["label"])
-    return pd.concat([frame.assign(label=label)[["label", *frame.columns]] for label, frame in curves.items()],
-                     ignore_index=True)
+def _point_at(y_true: np.ndarray, y_prob: np.ndarray, threshold: float) -> tuple[float, float, float] | None:
+    """(recall = TPR, precision, FPR) of one label when frames fire at prob >= threshold; None when off."""
+    fired = y_prob >= threshold
+    if threshold > 1.0 or not fired.any():
+        return None
+    positives, negatives = int(y_true.sum()), int((y_true == 0).sum())
+    true_positives = int((fired & (y_true == 1)).sum())
+    recall = true_positives / positives if positives else 0.0
+    fpr = int((fired & (y_true == 0)).sum()) / negatives if negatives else 0.0
+    return recall, true_positives / int(fired.sum()), fpr
+
+
+def curve_table(kind: str, y_true, y_prob, thresholds: dict, max_points: int = 200) -> pd.DataFrame:
+    """The PR (`kind="pr"`) or ROC (`"roc"`) curves of every defined label as one long table.
+
+    Columns: order (label position, to sort the panels), label, kind (curve | chance |
+    threshold), i (point order along the curve), the two axes (recall, precision / fpr, tpr)
+    and summary ("AP 0.981, chance 0.046" / "AUC 0.990"), shown in each panel's legend.
+    """
+    y_true, y_prob = _check_arrays(y_true, y_prob, "curve_table")
+    curves = pr_curves(y_true, y_prob, max_points) if kind == "pr" else roc_curves(y_true, y_prob, max_points)
+    x_name, y_name = ("recall", "precision") if kind == "pr" else ("fpr", "tpr")
+    parts = []
+    for label, curve in curves.items():
+        k = LABELS.index(label)
+        truth, probs = y_true[:, k], y_prob[:, k]
+        prevalence = float(truth.mean())
+        if kind == "pr":
+            summary = f"AP {average_precision_score(truth, probs):.3f}, chance {prevalence:.3f}"
+            chance = [(0.0, prevalence), (1.0, prevalence)]
+        else:
+            summary = f"AUC {roc_auc_score(truth, probs):.3f}"
+            chance = [(0.0, 0.0), (1.0, 1.0)]
+        point = _point_at(truth, probs, float(thresholds[label]))
+        marks = [] if point is None else [(point[0], point[1]) if kind == "pr" else (point[2], point[0])]
+        rows = ([("curve", i, x, y) for i, (x, y) in enumerate(zip(curve[x_name], curve[y_name]))]
+                + [("chance", i, x, y) for i, (x, y) in enumerate(chance)]
+                + [("threshold", 0, x, y) for x, y in marks])
+        part = pd.DataFrame(rows, columns=["kind", "i", x_name, y_name])
+        part.insert(0, "label", label)
+        part.insert(0, "order", k)
+        part["summary"] = summary
+        parts.append(part)
+    columns = ["order", "label", "kind", "i", x_name, y_name, "summary"]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
 
 # ----------------------------------------------------------------------------- per-class table
@@ -125,70 +158,6 @@ def per_class_table(y_true, y_prob, thresholds: dict, frame_result: dict, score_
             "tap@0.95": score_result["per_label@0.95"][label],
         })
     return pd.DataFrame(rows).astype({"ap": float, "auc": float, "f1": float})
-
-
-# ----------------------------------------------------------------------------- timelines
-
-
-def video_events(submission: dict, video_id: str) -> dict[str, list[tuple[int, int]]]:
-    """label -> [(start, end), ...] of one video of an official events JSON (end inclusive)."""
-    events: dict[str, list[tuple[int, int]]] = {label: [] for label in LABELS}
-    for video in submission["videos"]:
-        if str(video["video_id"]) != str(video_id):
-            continue
-        for event in video["events"]:
-            for label in event["label"]:
-                events[label].append((int(event["start"]), int(event["end"])))
-    return events
-
-
-def plot_timeline(
-    path,
-    gt_events: dict,
-    pred_events: dict,
-    time_range: tuple[int, int],
-    title: str,
-    width: float = 12.0,
-    dpi: int = 100,
-) -> None:
-    """One PNG: a row per label (LABELS order, top to bottom), ground truth above, prediction below.
-
-    Events are drawn as bars from start to end + 1 (end inclusive) on the event-time axis
-    `time_range` (first, last); an event of one frame stays visible at any video length because
-    bars get a minimum width of one pixel's worth of time.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    first, last = time_range
-    row_height = 0.32  # inches per label row
-    height = 1.2 + row_height * NUM_LABELS
-    fig, ax = plt.subplots(figsize=(width, height), dpi=dpi)
-    min_width = (last - first + 1) / (width * dpi)  # one pixel, in time units
-    for row, label in enumerate(LABELS):
-        y = NUM_LABELS - 1 - row  # first label on top
-        for events, bottom, color in ((gt_events, y + 0.52, GT_COLOR), (pred_events, y + 0.12, PRED_COLOR)):
-            bars = [(start, max(end + 1 - start, min_width)) for start, end in events.get(label, [])]
-            if bars:
-                ax.broken_barh(bars, (bottom, 0.36), facecolors=color, linewidth=0)
-        ax.axhline(y, color="#dee2e6", linewidth=0.6)
-    ax.set_ylim(0, NUM_LABELS)
-    ax.set_xlim(first, last + 1)
-    ax.set_yticks(np.arange(NUM_LABELS) + 0.5, labels=list(reversed(LABELS)), fontsize=8)
-    ax.tick_params(axis="y", length=0)
-    ax.set_xlabel("event time (frame index)", fontsize=8)
-    ax.tick_params(axis="x", labelsize=8)
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.legend(handles=[Patch(color=GT_COLOR, label="ground truth (upper bar)"),
-                       Patch(color=PRED_COLOR, label="prediction (lower bar)")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False, borderaxespad=0.2)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
-    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------- offline dvc plots page
