@@ -14,7 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vce.model.frame_model  # noqa: F401  (registers the tiny ViT with timm)
 from vce.model.diff_attention import (
+    PreservingDiffAttention,
     convert_attention,
+    convert_attention_preserving,
     convert_to_diff_attention,
     count_diff_attention,
 )
@@ -104,3 +106,59 @@ def test_compute_cost_attention_matmuls_grow_by_half():
 def test_odd_head_count_is_rejected():
     with pytest.raises(ValueError, match="odd"):
         convert_attention(Attention(48, num_heads=3), 0)
+
+
+# ---------------------------------------------------------------------------- diff_init: preserving
+
+def preserving_pair(seed=0):
+    torch.manual_seed(seed)
+    plain = timm.create_model("vce_vit_tiny_patch8_64", num_classes=0).eval()
+    return plain, convert_to_diff_attention(copy.deepcopy(plain), "preserving").eval()
+
+
+def test_preserving_conversion_equals_the_original_model_at_step_0():
+    plain, converted = preserving_pair()
+    assert count_diff_attention(converted) == 4
+    assert all(isinstance(b.attn, PreservingDiffAttention) for b in converted.blocks)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), plain(x), rtol=0, atol=1e-5)
+        _, neutral = plain, convert_to_diff_attention(copy.deepcopy(plain), "neutral").eval()
+        cosine = F.cosine_similarity(neutral(x), plain(x), dim=-1)
+    assert cosine.max() < 0.99  # the neutral pairing does not keep the function (module doc)
+
+
+def test_preserving_layer_is_the_formula_once_the_gate_opens():
+    torch.manual_seed(1)
+    original = Attention(64, num_heads=4, qkv_bias=True).double().eval()
+    diff = convert_attention_preserving(original, depth=2).double().eval()
+    assert torch.equal(diff.qk2.weight, original.qkv.weight[:128]) and torch.equal(diff.qk2.bias, original.qkv.bias[:128])
+    with torch.no_grad():
+        diff.lambda_gate.fill_(0.7)
+        diff.qk2.weight.add_(torch.randn_like(diff.qk2.weight) * 0.2)  # a second map of its own
+    x = torch.randn(2, 17, 64, dtype=torch.float64)
+    B, N, C = x.shape
+    split = lambda t: t.reshape(B, N, 4, 16).transpose(1, 2)  # noqa: E731
+    q1, k1, v = (split(t) for t in F.linear(x, original.qkv.weight, original.qkv.bias).split(C, dim=-1))
+    q2, k2 = (split(t) for t in F.linear(x, diff.qk2.weight, diff.qk2.bias).split(C, dim=-1))
+    a1 = torch.softmax(q1 @ k1.transpose(-2, -1) / 4.0, dim=-1)
+    a2 = torch.softmax(q2 @ k2.transpose(-2, -1) / 4.0, dim=-1)
+    lam = 0.7 * (torch.exp(diff.lambda_q1 @ diff.lambda_k1) - torch.exp(diff.lambda_q2 @ diff.lambda_k2)
+                 + 0.8 - 0.6 * math.exp(-0.6))
+    heads = ((a1 - lam * a2) @ v).transpose(1, 2).reshape(B, N, C)
+    with torch.no_grad():
+        torch.testing.assert_close(diff(x), F.linear(heads, original.proj.weight, original.proj.bias),
+                                   rtol=0, atol=1e-6)
+
+
+def test_preserving_gate_learns_from_the_first_step_and_costs_two_qk_projections():
+    plain, converted = preserving_pair()
+    converted.train()
+    converted(torch.randn(2, 3, 64, 64)).pow(2).sum().backward()
+    gates = [b.attn.lambda_gate.grad for b in converted.blocks]
+    assert all(g is not None and g.abs() > 0 for g in gates)  # not stuck at its zero init
+    dim = plain.embed_dim
+    extra = sum(p.numel() for p in converted.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert extra == len(plain.blocks) * (2 * dim * dim + 2 * dim + 4 * (dim // 4) + 1)
+    vit_b_block = 12 * 768 * 768
+    assert 2 * 768 * 768 / vit_b_block == pytest.approx(0.167, abs=1e-3)  # the +16.7 % of the module doc

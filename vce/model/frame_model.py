@@ -52,6 +52,7 @@ class ModelParams(Section):
 
     source: str  # tiny | random | hf-hub:ORG/NAME | local-dir:PATH
     diff_attention: bool
+    diff_init: Literal["neutral", "preserving"]  # vce.model.diff_attention: head pairing | function-preserving
     dropout: float = Field(ge=0, lt=1)
     # frame_probs: "mean" = average of classifier and contrastive sigmoid probabilities (the
     # project's choice; the seed's report does not say how it combined them), "cls" or "con" alone.
@@ -131,7 +132,7 @@ class VCEModel(nn.Module):
         embed_dim = arch["embed_dim"]
         self.visual = image_tower or ImageTower(arch["vision_cfg"], embed_dim)
         if arch["diff_attention"]:
-            convert_to_diff_attention(self.visual.trunk)
+            convert_to_diff_attention(self.visual.trunk, arch.get("diff_init", "neutral"))  # older files: neutral
         self.excitation = Excitation(embed_dim, arch["excitation_reduction"])
         self.dropout = nn.Dropout(arch["dropout"])
         self.classifier = nn.Linear(embed_dim, NUM_LABELS)
