@@ -137,3 +137,101 @@ def preprocess_config(config: dict) -> dict:
     return {"image_size": int(size if isinstance(size, int) else size[0]),
             "mean": [float(v) for v in merged["mean"]], "std": [float(v) for v in merged["std"]],
             "interpolation": merged["interpolation"]}
+
+
+# ----------------------------------------------------------------------------- timm: sources
+#
+# ``timm:local-dir:PATH`` / ``timm:hf-hub:ORG/NAME``: any timm image model, in timm's own hub
+# layout: `config.json` ({"architecture": timm model name, "num_classes", optional
+# "model_args", "pretrained_cfg": {input_size, mean, std, interpolation}}) beside
+# `model.safetensors` (or `pytorch_model.bin`). E.g. timm:hf-hub:timm/vit_large_patch14_dinov2.lvd142m
+# (DINOv2 ViT-L/14 at 518 px). The weights load strictly into the model the config names;
+# only the image tower exists (no text tower: the frame model gets no contrastive head).
+
+TIMM_PREFIX = "timm:"
+TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+__all__ += ["TIMM_PREFIX", "TIMM_WEIGHT_FILES", "resolve_timm_source", "load_timm_trunk"]
+
+
+def _read_timm_config(path: Path, source: str) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise SourceError(f"model.source={source}: cannot read {path}: {err}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("architecture"), str):
+        raise SourceError(f"model.source={source}: {path} is not a timm config (needs \"architecture\": a timm model name)")
+    return config
+
+
+def _timm_files(source: str, cache_dir: str | None) -> tuple[Path, Path]:
+    rest = source[len(TIMM_PREFIX):]
+    if rest.startswith(LOCAL_DIR_PREFIX):
+        folder = Path(rest[len(LOCAL_DIR_PREFIX):]).expanduser()
+        if not folder.is_dir():
+            raise SourceError(f"model.source={source}: folder {folder} not found")
+        weights = [folder / n for n in TIMM_WEIGHT_FILES if (folder / n).is_file()]
+        if not weights:
+            raise SourceError(f"model.source={source}: no pretrained weights in {folder}: expected one of "
+                              f"{list(TIMM_WEIGHT_FILES)} (refusing to fall back to random weights)")
+        return folder / "config.json", weights[0]
+    if rest.startswith(HF_HUB_PREFIX):
+        from huggingface_hub import hf_hub_download
+
+        repo = rest[len(HF_HUB_PREFIX):]
+        found, errors = {}, []
+        for what, names in (("config", ("config.json",)), ("weights", TIMM_WEIGHT_FILES)):
+            for name in names:
+                try:
+                    found[what] = Path(hf_hub_download(repo, name, cache_dir=cache_dir))
+                    break
+                except Exception as err:  # hub errors come in many types; the message is what matters
+                    errors.append(f"{name}: {err}")
+            if what not in found:
+                raise SourceError(f"model.source={source}: cannot fetch {' or '.join(names)} from the hub "
+                                  f"({'; '.join(errors)}); without network use timm:local-dir:PATH "
+                                  "(refusing random weights)")
+        return found["config"], found["weights"]
+    raise SourceError(f"model.source={source!r}: must be timm:local-dir:PATH or timm:hf-hub:ORG/NAME")
+
+
+def resolve_timm_source(source: str, cache_dir: str | None = None) -> tuple[dict, Path]:
+    """(config in resolve_source's shape, weights file) of a timm: source; embed_dim is the trunk's width."""
+    config_path, weights = _timm_files(source, cache_dir)
+    timm_config = _read_timm_config(config_path, source)
+    pretrained = timm_config.get("pretrained_cfg", {})
+    vision_cfg = {"timm_model_name": timm_config["architecture"], "timm_pool": "", "timm_proj": "linear",
+                  "timm_proj_identity": True, "timm_model_args": dict(timm_config.get("model_args", {})),
+                  "timm_num_classes": int(timm_config.get("num_classes", pretrained.get("num_classes", 0)))}
+    size = pretrained.get("input_size", [3, 224, 224])[-1]
+    vision_cfg["image_size"] = int(vision_cfg["timm_model_args"].get("img_size", size))
+    preprocess = {k: pretrained[k] for k in ("mean", "std", "interpolation") if k in pretrained}
+    return {"model_cfg": {"embed_dim": None, "vision_cfg": vision_cfg}, "preprocess_cfg": preprocess}, weights
+
+
+def load_timm_trunk(vision_cfg: dict, weights: Path, source: str) -> nn.Module:
+    """The named timm model with the checkpoint loaded strictly, classifier then removed."""
+    import timm
+    import torch
+
+    try:
+        trunk = timm.create_model(vision_cfg["timm_model_name"], pretrained=False,
+                                  num_classes=vision_cfg["timm_num_classes"], **vision_cfg["timm_model_args"])
+    except Exception as err:  # unknown name, bad model_args
+        raise SourceError(f"model.source={source}: timm cannot build {vision_cfg['timm_model_name']!r} "
+                          f"with {vision_cfg['timm_model_args']}: {err}") from None
+    try:
+        if weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state_dict = load_file(str(weights))
+        else:
+            state_dict = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise SourceError(f"model.source={source}: cannot read weights {weights}: {err}") from None
+    try:
+        trunk.load_state_dict(state_dict, strict=True)
+    except RuntimeError as err:  # missing / unexpected keys or shape mismatches, all listed
+        raise SourceError(f"model.source={source}: {weights} does not fit {vision_cfg['timm_model_name']} "
+                          f"as config.json describes it: {' '.join(str(err).split())}") from None
+    trunk.reset_classifier(0)
+    return trunk

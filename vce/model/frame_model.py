@@ -34,10 +34,13 @@ from vce.model.clip_source import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
     PACKAGED_SOURCES,
+    TIMM_PREFIX,
     SourceError,
     load_image_weights,
+    load_timm_trunk,
     preprocess_config,
     resolve_source,
+    resolve_timm_source,
 )
 from vce.model.diff_attention import convert_to_diff_attention
 
@@ -65,10 +68,16 @@ class ModelParams(Section):
     @model_validator(mode="after")
     def _known_source(self):
         prefixed = self.source.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX))
-        self.require(self.source in PACKAGED_SOURCES or prefixed, "source",
-                     "must be tiny, random, hf-hub:ORG/NAME or local-dir:PATH")
-        self.require(self.source not in (HF_HUB_PREFIX, LOCAL_DIR_PREFIX), "source",
+        timm_source = self.source.startswith(TIMM_PREFIX)
+        self.require(self.source in PACKAGED_SOURCES or prefixed or timm_source, "source",
+                     "must be tiny, random, hf-hub:ORG/NAME, local-dir:PATH, timm:hf-hub:ORG/NAME or timm:local-dir:PATH")
+        inner = self.source[len(TIMM_PREFIX):] if timm_source else self.source
+        self.require(not timm_source or inner.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX)), "source",
+                     "a timm source is timm:hf-hub:ORG/NAME or timm:local-dir:PATH")
+        self.require(inner not in (HF_HUB_PREFIX, LOCAL_DIR_PREFIX), "source",
                      "empty name after the prefix")
+        self.require(not (timm_source and self.fusion == "con"), "fusion",
+                     "con needs a text tower; timm: sources have none (use cls or mean: the classifier)")
         return self
 
 
@@ -80,7 +89,7 @@ class ImageTower(nn.Module):
     `open_clip.timm_model.TimmModel`, so a checkpoint's `visual.*` weights load strictly.
     """
 
-    def __init__(self, vision_cfg: dict, embed_dim: int):
+    def __init__(self, vision_cfg: dict, embed_dim: int, trunk: nn.Module | None = None):
         super().__init__()
         pool = vision_cfg.get("timm_pool", "avg")
         proj = vision_cfg.get("timm_proj", "linear")
@@ -94,13 +103,18 @@ class ImageTower(nn.Module):
             trunk_kwargs["drop_path_rate"] = vision_cfg["timm_drop_path"]
         if vision_cfg.get("patch_dropout", 0.0) > 0:
             trunk_kwargs["patch_drop_rate"] = vision_cfg["patch_dropout"]
-        self.trunk = timm.create_model(vision_cfg["timm_model_name"], pretrained=False, **trunk_kwargs)
-        self.trunk.reset_classifier(0, **({"global_pool": pool} if pool else {}))
+        trunk_kwargs.update(vision_cfg.get("timm_model_args", {}))  # timm: sources (config.json model_args)
+        if trunk is None:  # else a timm: source's trunk, its checkpoint loaded (load_timm_trunk)
+            trunk = timm.create_model(vision_cfg["timm_model_name"], pretrained=False, **trunk_kwargs)
+            trunk.reset_classifier(0, **({"global_pool": pool} if pool else {}))
+        self.trunk = trunk
         self.head = nn.Sequential(OrderedDict(
             drop=nn.Dropout(vision_cfg.get("timm_drop", 0.0)),
             proj=nn.Linear(self.trunk.num_features, embed_dim,
                            bias=vision_cfg.get("timm_proj_bias", False)),
         ))
+        if vision_cfg.get("timm_proj_identity"):  # timm: sources: the pretrained features pass unchanged at init
+            nn.init.eye_(self.head.proj.weight)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.trunk(images))  # (B, 3, H, W) -> (B, embed_dim)
@@ -214,6 +228,8 @@ class VCEModel(nn.Module):
 
 def create_model(params: ModelParams, prompt_embeddings: torch.Tensor | None = None) -> VCEModel:
     """Build the frame model from `params.source`; pretrained weights loaded or an error."""
+    if params.source.startswith(TIMM_PREFIX):
+        return _create_timm_model(params)
     config, weights = resolve_source(params.source, params.cache_dir)
     model_cfg = config["model_cfg"]
     arch = {
@@ -231,6 +247,29 @@ def create_model(params: ModelParams, prompt_embeddings: torch.Tensor | None = N
     if prompt_embeddings is not None:
         model.set_prompt_embeddings(prompt_embeddings)
     return model
+
+
+def _create_timm_model(params: ModelParams) -> VCEModel:
+    """A timm: source: its trunk (checkpoint loaded strictly), the same heads, no contrastive head.
+
+    The projection is square (the trunk's width) and starts as the identity. There is no text
+    tower, so prompt embeddings are not used and frame probabilities are the classifier's.
+    """
+    config, weights = resolve_timm_source(params.source, params.cache_dir)
+    vision_cfg = config["model_cfg"]["vision_cfg"]
+    trunk = load_timm_trunk(vision_cfg, weights, params.source)
+    if params.diff_attention and getattr(trunk, "blocks", None) is None:
+        raise ParamsError(f"model.diff_attention: {vision_cfg['timm_model_name']} has no ViT blocks "
+                          "to convert; set it to false for this model")
+    arch = {
+        "source": params.source,
+        "vision_cfg": deepcopy(vision_cfg),
+        "embed_dim": int(trunk.num_features),
+        "preprocess": preprocess_config(config),
+        **{k: v for k, v in params.model_dump().items() if k not in ("source", "cache_dir")},
+        "contrastive": False,
+    }
+    return VCEModel(arch, image_tower=ImageTower(vision_cfg, arch["embed_dim"], trunk=trunk))
 
 
 def build_from_config(arch: dict) -> VCEModel:

@@ -28,7 +28,7 @@ from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS
 from vce.core.params import Section
-from vce.model.clip_source import LOCAL_DIR_PREFIX, SourceError, resolve_source
+from vce.model.clip_source import LOCAL_DIR_PREFIX, TIMM_PREFIX, SourceError, resolve_source
 from vce.model.frame_model import ModelParams
 
 DEFAULT_TEMPLATES = ["a video capsule endoscopy image showing {label}"]
@@ -89,12 +89,20 @@ def _text_model(params: ModelParams):
 @torch.no_grad()
 def compute_prompt_embeddings(params: ModelParams, templates: list[str]) -> torch.Tensor:
     """(17, T, D) text embeddings (not normalised) of every label × template."""
-    if params.source == "random":
+    if params.source == "random" or params.source.startswith(TIMM_PREFIX):  # timm: no text tower, unused
         config, _ = resolve_source("random")
         dim = config["model_cfg"]["embed_dim"]
-        return torch.randn(len(LABELS), len(templates), dim)
-    model, tokenizer = _text_model(params)
-    model.eval()
+        return torch.randn(len(LABELS), len(templates), dim, dtype=torch.float64).float()
+    # Built and run in float64, rounded to float32 at the end: the same bytes on every CPU. In
+    # float32, the random init (torch's vectorised normal_) and the matmuls differ in the last
+    # bits with the CPU's instruction set (AVX-512 / AVX2 / none): 1,057 of 1,088 values here.
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model, tokenizer = _text_model(params)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    model.double().eval()
     tokens = tokenizer(prompt_texts(templates))
     features = model.encode_text(tokens).float()  # (17·T, D)
     return features.reshape(len(LABELS), len(templates), -1)
