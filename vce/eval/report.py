@@ -267,9 +267,9 @@ def per_video_table(results: list[SetResult]) -> pd.DataFrame:
 
 
 def _bars(frame: pd.DataFrame, category: str, series: dict[str, str]) -> pd.DataFrame:
-    """Long table (category, series, value) for the `grouped_bars` DVC template."""
-    parts = [pd.DataFrame({"category": frame[category], "series": name, "value": frame[column]})
-             for column, name in series.items()]
+    """Long table (category, series, series_order, value) for the `grouped_bars` DVC template."""
+    parts = [pd.DataFrame({"category": frame[category], "series": name, "series_order": k, "value": frame[column]})
+             for k, (column, name) in enumerate(series.items())]
     return pd.concat(parts, ignore_index=True)
 
 
