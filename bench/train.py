@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         cache = write_cache(Path(tmp) / "cache", args.frames, args.cache_size, args.stills)
         cache_seconds = time.perf_counter() - start
         rows = np.arange(args.frames)
-        train_set = CachedFrameDataset(cache, rows, labels, size, train_transform(size, params.augment), resize=False)
+        train_set = CachedFrameDataset(cache, rows, labels, size, train_transform(size, params.augment, model.preprocess["mean"]), resize=False)
         val_set = CachedFrameDataset(cache, rows[:256], labels[:256], size, eval_transform(), resize=True)
         trainer = Trainer(model, loss_fn, params, 42, train_set, rarest_label_weights(labels), val_set,
                           Path(tmp) / "state", "bench")

@@ -60,7 +60,7 @@ def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: Fram
     val = frames[frames["split"] == "val"].reset_index(drop=True)
     if len(train) == 0 or len(val) == 0:
         raise DataError(f"need frames in both splits, got train={len(train)} val={len(val)}")
-    train_tf = train_transform(size, params.augment)
+    train_tf = train_transform(size, params.augment, pre["mean"])
     val_tf = eval_transform()
     if cache is not None:
         return train, (CachedFrameDataset(cache, cache.rows_for(train), label_matrix(train), size, train_tf, resize=False),

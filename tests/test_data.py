@@ -6,6 +6,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import repo_params
 
 from vce.data.dataset import (
     AugmentParams,
@@ -17,6 +18,8 @@ from vce.data.dataset import (
     train_transform,
 )
 from vce.data.frames import FrameError, available_decoders, decode_frame
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 
 
 @pytest.fixture()
@@ -111,7 +114,22 @@ def test_dataset_marks_undecodable_frames_invalid(tmp_path, stills):
 
 def test_augmentation_is_reproducible_from_the_sample_seed(stills):
     dataset = FrameDataset(stills[0].parent, [stills[0].name], None, 40, 32, "bicubic",
-                           train_transform(32, AugmentParams()))
+                           train_transform(32, AugmentParams(**repo_params()["train"]["augment"]), CLIP_MEAN))
     first, second, other = dataset[(0, 7)][0], dataset[(0, 7)][0], dataset[(0, 8)][0]
     assert first.shape == (3, 32, 32)
     assert torch.equal(first, second) and not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("fill,expected", [("black", [0, 0, 0]), ("mean", [123, 117, 104])])
+def test_random_erasing_fills_with_the_chosen_value(fill, expected):
+    """train.augment.erasing_fill: the erased patch is black or the model's mean colour (pixels)."""
+    values = {**repo_params()["train"]["augment"], "erasing": 1.0, "erasing_fill": fill, "crop_scale_min": 1.0,
+              "hflip": 0.0, "vflip": 0.0, "rotation": 0.0, "brightness": 0.0, "contrast": 0.0, "saturation": 0.0,
+              "hue": 0.0}
+    transform = train_transform(32, AugmentParams(**values), CLIP_MEAN)
+    image = torch.full((3, 32, 32), 255, dtype=torch.uint8)
+    torch.manual_seed(0)
+    out = transform(image)
+    erased = (out != 255).any(dim=0)
+    assert erased.any()
+    assert out[:, erased].unique(dim=1).T.tolist() == [expected]

@@ -8,6 +8,7 @@ exactly after a resume, whatever the number of workers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ class AugmentParams(Section):
     saturation: float = Field(ge=0)
     hue: float = Field(ge=0, le=0.5)
     erasing: float = Field(ge=0, le=1)  # RandomErasing probability
+    erasing_fill: Literal["black", "mean"]  # erased patch: 0 in pixel space | the model's normalisation mean
     load_scale: float = Field(ge=1)  # decode at image_size × this, so the crop has room (256/224)
 
 
@@ -59,15 +61,25 @@ def sample_seeds(seed: int, epoch: int, count: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, 1]).integers(0, 2**31 - 1, size=count)
 
 
-def train_transform(image_size: int, aug: AugmentParams) -> v2.Compose:
-    """Seed augmentations on uint8 frames (workers ship uint8: 4× less than float32)."""
+def erasing_value(aug: AugmentParams, mean) -> list[int]:
+    """RandomErasing's uint8 fill per channel: black (0) or the model's mean colour (`mean` in [0, 1]).
+
+    `mean` is what torchvision's usual order (RandomErasing after Normalize, value 0) erases to;
+    these transforms run on uint8 before normalisation, so the fill is given in pixels.
+    """
+    return [0, 0, 0] if aug.erasing_fill == "black" else [round(255 * m) for m in mean]
+
+
+def train_transform(image_size: int, aug: AugmentParams, mean) -> v2.Compose:
+    """Seed augmentations on uint8 frames (workers ship uint8: 4× less than float32); `mean`:
+    the model's normalisation mean (RandomErasing's fill when `aug.erasing_fill` is mean)."""
     return v2.Compose([
         v2.RandomResizedCrop(image_size, scale=(aug.crop_scale_min, 1.0), antialias=True),
         v2.RandomHorizontalFlip(aug.hflip),
         v2.RandomVerticalFlip(aug.vflip),
         v2.RandomRotation(aug.rotation),
         v2.ColorJitter(aug.brightness, aug.contrast, aug.saturation, aug.hue),
-        v2.RandomErasing(aug.erasing),  # erases to black (0) in pixel space
+        v2.RandomErasing(aug.erasing, value=erasing_value(aug, mean)),
     ])
 
 
