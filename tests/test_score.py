@@ -224,3 +224,72 @@ def test_cli_missing_file_exits_2_naming_it(tmp_path, capsys):
 def test_all_labels_reported():
     result = score(sub(("v", [(0, 1, ["mouth"])])), sub(("v", [])))
     assert list(result["per_label@0.5"]) == list(LABELS)
+
+
+# ----------------------------------------------------------------------------- what the official evaluator accepts
+
+LENIENT_CASES = {
+    "start > end": sub(("v", [(9, 0, ["mouth"]), (20, 29, ["mouth"])])),
+    "float frames": {"videos": [{"video_id": "v", "events": [
+        {"start": 0.0, "end": 9.0, "label": ["mouth"]}, {"start": 20.5, "end": 29, "label": ["colon"]}]}]},
+    "bool frames": {"videos": [{"video_id": "v", "events": [{"start": False, "end": 9, "label": ["mouth"]}]}]},
+}
+
+
+def test_frames_past_int64_are_scored_not_an_overflow_traceback():
+    gt = sub(("v", [(0, 9, ["mouth"]), (2**64, 2**64 + 9, ["colon"])]))
+    pred = sub(("v", [(2**63, 2**63 + 9, ["mouth"]), (0, 9, ["mouth"]), (2**64, 2**64 + 9, ["colon"])]))
+    result = score(gt, pred)  # integers: valid in both modes
+    assert result == score_reference(gt, pred) == score(gt, pred, strict=False)
+    assert result["per_label@0.95"]["colon"] == 1.0 and result["per_label@0.5"]["mouth"] == 0.5
+
+
+@pytest.mark.parametrize("case", LENIENT_CASES)
+def test_lenient_scoring_equals_the_definition(case):
+    """What the official code scores, we score the same (its arithmetic: the reference)."""
+    gt = sub(("v", [(0, 9, ["mouth"]), (20, 29, ["mouth", "colon"])]))
+    pred = LENIENT_CASES[case]
+    with pytest.raises(SubmissionError):
+        score(gt, pred)  # our writer's rules stay strict by default
+    result = score(gt, pred, strict=False)
+    assert result == score_reference(gt, pred)
+    assert 0 < result["map@0.5"] <= 1
+
+
+def test_lenient_float_frames_are_not_truncated():
+    gt = sub(("v", [(0, 9, ["mouth"])]))
+    pred = {"videos": [{"video_id": "v", "events": [{"start": 5.5, "end": 9, "label": ["mouth"]}]}]}
+    # tIoU = 4.5 / 10 < 0.5: a miss (truncated to 5..9 it would be 5 / 10, a hit)
+    assert score(gt, pred, strict=False)["per_label@0.5"]["mouth"] == 0.0
+    exact = score(gt, {"videos": [{"video_id": "v", "events": [{"start": 0.0, "end": 9.0, "label": ["mouth"]}]}]},
+                  strict=False)
+    assert exact["per_label@0.95"]["mouth"] == 1.0
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32"])
+def test_cli_reads_bom_and_utf16_files(tmp_path, capsys, encoding):
+    gt = sub(("v", [(0, 9, ["mouth"])]))
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "pred.json").write_bytes(json.dumps(gt).encode(encoding))
+    assert main([str(tmp_path / "gt.json"), str(tmp_path / "pred.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["map@0.5"] == 1.0
+
+
+@pytest.mark.parametrize("case", LENIENT_CASES)
+def test_cli_scores_what_the_evaluator_scores_with_a_warning_and_strict_refuses(tmp_path, capsys, case):
+    gt = sub(("v", [(0, 9, ["mouth"]), (20, 29, ["mouth", "colon"])]))
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "pred.json").write_text(json.dumps(LENIENT_CASES[case]))
+    args = [str(tmp_path / "gt.json"), str(tmp_path / "pred.json")]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["map@0.5"] == score_reference(gt, LENIENT_CASES[case])["map@0.5"]
+    assert captured.err.startswith("warning: ") and "--strict" in captured.err
+    assert main([*args, "--strict"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_int_and_string_video_ids_are_named_as_a_type_mismatch():
+    gt = sub(("1", []), ("2", []))
+    with pytest.raises(SubmissionError, match=r"video id\(s\) 1 are of another type than the ground truth's"):
+        check_submission(sub((1, []), ("2", [])), gt)

@@ -21,7 +21,11 @@ finds the few candidate pairs, all at once with numpy. The greedy assignment the
 those candidate pairs only, and AP is a grouped cumulative sum.
 
 CLI: ``python -m vce.eval.score GT.json PRED.json`` prints one JSON object; a submission that fails
-the checks (or a file that cannot be read) prints ``error: ...`` to stderr and exits 2.
+the checks (or a file that cannot be read) prints ``error: ...`` to stderr and exits 2. The CLI
+reads files as the official evaluator does: any UTF-8/16/32 encoding (BOM or not), and events
+with start > end, float or bool frames or frames past int64 are scored by the definition
+(`vce.score_reference`, the evaluator's arithmetic) with a warning; ``--strict`` refuses them.
+The pipeline's own writer (stage `events`) is always checked strictly.
 """
 
 from __future__ import annotations
@@ -38,21 +42,26 @@ from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 
 THRESHOLDS = (0.5, 0.95)
 _KEY_LIMIT = 2**62  # composite (group, start) keys must stay inside int64
+_PLAIN_LIMIT = 2**62  # frame numbers the fast scorer takes as int64 (larger: the reference scorer)
 
 
 class SubmissionError(DataError):
     """A submission (or ground-truth) JSON breaks the official format rules."""
 
 
-def check_submission(sub: dict, gt: dict | None = None, where: str = "submission") -> None:
+def check_submission(sub: dict, gt: dict | None = None, where: str = "submission", strict: bool = True) -> list[str]:
     """Raise SubmissionError with a one-line message naming the first problem found.
 
     Checks: a top-level `videos` list; every video a mapping with `video_id` and an `events`
     list; every event with integer `start` <= `end` and `label` a list of the 17 label strings;
     with `gt`, the set of video ids equal to the ground truth's (the official check).
+    `strict=False` accepts what the official evaluator scores although this project's writer
+    never produces it (start > end, float or bool frames, frames past int64) and returns one
+    message per such event instead (`lenient_events`).
     """
     if not isinstance(sub, dict) or not isinstance(sub.get("videos"), list):
         raise SubmissionError(f"{where}: expected a top-level object with a 'videos' list")
+    lenient: list[str] = []
     for v, video in enumerate(sub["videos"]):
         if not isinstance(video, dict) or "video_id" not in video:
             raise SubmissionError(f"{where}: video #{v} has no 'video_id'")
@@ -72,34 +81,52 @@ def check_submission(sub: dict, gt: dict | None = None, where: str = "submission
                 and type(event.get("label")) is list
                 and all(type(label) is str and label in LABEL_INDEX for label in event["label"])
             ):
-                _check_event(event, f"{where}: video {video_id!r} event #{e}")
+                message = _check_event(event, f"{where}: video {video_id!r} event #{e}", strict)
+                if message:
+                    lenient.append(message)
     if gt is not None:
         gt_ids = {video["video_id"] for video in gt["videos"]}
         sub_ids = {video["video_id"] for video in sub["videos"]}
         if gt_ids != sub_ids:
+            typed = sorted({repr(v) for v in sub_ids - gt_ids if str(v) in {str(g) for g in gt_ids - sub_ids}})
+            if typed:
+                raise SubmissionError(
+                    f"{where}: video id(s) {', '.join(typed[:5])} are of another type than the ground "
+                    f"truth's (string vs integer: {sorted(map(repr, gt_ids - sub_ids))[:5]}); "
+                    "the official check compares ids exactly, write them as in the ground truth")
             missing, extra = sorted(map(str, gt_ids - sub_ids)), sorted(map(str, sub_ids - gt_ids))
             raise SubmissionError(
                 f"{where}: video ids differ from the ground truth's "
                 f"(missing: {missing[:5]}{' ...' if len(missing) > 5 else ''}; "
                 f"extra: {extra[:5]}{' ...' if len(extra) > 5 else ''})"
             )
+    return lenient
 
 
-def _check_event(event, where: str) -> None:
+def _check_event(event, where: str, strict: bool = True) -> str | None:
+    """Raise on a broken event; in lenient mode return a message for one the evaluator scores."""
     if not isinstance(event, dict):
         raise SubmissionError(f"{where}: an event must be an object")
+    message = None
     for key in ("start", "end"):
         value = event.get(key)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise SubmissionError(f"{where}: '{key}' must be an integer, got {value!r}")
+            if strict or not isinstance(value, (int, float)):
+                raise SubmissionError(f"{where}: '{key}' must be an integer, got {value!r}")
+            message = f"{where}: '{key}' is {value!r}, not an integer"
     if event["start"] > event["end"]:
-        raise SubmissionError(f"{where}: start {event['start']} > end {event['end']}")
+        if strict:
+            raise SubmissionError(f"{where}: start {event['start']} > end {event['end']}")
+        message = message or f"{where}: start {event['start']} > end {event['end']}"
+    if not strict and message is None and not -_PLAIN_LIMIT < event["start"] <= event["end"] < _PLAIN_LIMIT:
+        message = f"{where}: frame numbers {event['start']}..{event['end']} past int64"
     labels = event.get("label")
     if not isinstance(labels, list):
         raise SubmissionError(f"{where}: 'label' must be a list of label strings, got {labels!r}")
     unknown = [label for label in labels if not isinstance(label, str) or label not in LABEL_INDEX]
     if unknown:
         raise SubmissionError(f"{where}: unknown label(s) {unknown}; allowed: {list(LABELS)}")
+    return message
 
 
 # ----------------------------------------------------------------------------- the metric
@@ -131,7 +158,16 @@ def _flatten(sub: dict, video_pos: dict) -> tuple[np.ndarray, np.ndarray, np.nda
                     ends.append(event["end"])
     group = np.asarray(groups, dtype=np.int64)
     order = np.argsort(group, kind="stable")  # group-major, file order inside a group
-    return group[order], np.asarray(starts, dtype=np.int64)[order], np.asarray(ends, dtype=np.int64)[order]
+    start, end = _frame_array(starts), _frame_array(ends)
+    if start is None or end is None or (end < start).any():
+        return None  # not plain int64 segments (a leniently read file): only the definition scores it
+    return group[order], start[order], end[order]
+
+
+def _frame_array(values: list) -> np.ndarray | None:
+    """int64 array of frame numbers, or None when some are floats or do not fit int64."""
+    array = np.asarray(values) if values else np.empty(0, np.int64)
+    return array.astype(np.int64) if array.dtype.kind in "ib" else None
 
 
 def _candidate_pairs(gt, pred, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -213,28 +249,45 @@ def _fits_int64(gt, pred, n_groups: int) -> bool:
     return magnitude < 2**40 and (n_groups + 1) * (2 * magnitude + 2) < _KEY_LIMIT
 
 
-def score(gt: dict, pred: dict, check: bool = True) -> dict:
-    """Official temporal mAP at tIoU 0.5 and 0.95, per video and per label.
-
-    Returns {"map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95", "per_label@0.5",
-    "per_label@0.95"}; per_label is the mean over scored videos of that label's AP.
-    """
-    if check:
-        check_submission(gt, where="ground truth")
-        check_submission(pred, gt)
+def average_precisions(gt: dict, pred: dict) -> tuple[list, dict]:
+    """AP of every (scored video, label): (video ids, {threshold: (V, 17) array}); no checks."""
     video_ids = _scored_videos(gt)
     video_pos = {video_id: v for v, video_id in enumerate(video_ids)}
     n_groups = len(video_ids) * NUM_LABELS
     gt_arrays, pred_arrays = _flatten(gt, video_pos), _flatten(pred, video_pos)
-    if not _fits_int64(gt_arrays, pred_arrays, n_groups):  # absurd coordinates: fall back to the definition
-        from vce.eval.score_reference import score_reference
+    if gt_arrays is None or pred_arrays is None or not _fits_int64(gt_arrays, pred_arrays, n_groups):
+        # Absurd coordinates, floats or start > end (read leniently): fall back to the definition.
+        from vce.eval.score_reference import average_precision, segments_by_video_label
 
-        return score_reference(gt, pred)
-    result: dict = {}
+        gt_segs, pred_segs = segments_by_video_label(gt), segments_by_video_label(pred)
+        return video_ids, {
+            threshold: np.array(
+                [[average_precision(gt_segs.get(v, {}).get(label, []), pred_segs.get(v, {}).get(label, []), threshold)
+                  for label in LABELS] for v in video_ids]
+            ).reshape(-1, NUM_LABELS)
+            for threshold in THRESHOLDS
+        }
+    aps = {}
     for threshold in THRESHOLDS:
         pair_pred, pair_gt = _candidate_pairs(gt_arrays, pred_arrays, threshold)
         hits = _greedy_hits(pair_pred, pair_gt, len(pred_arrays[0]), len(gt_arrays[0]))
-        ap = _average_precisions(gt_arrays, pred_arrays, hits, n_groups).reshape(-1, NUM_LABELS)
+        aps[threshold] = _average_precisions(gt_arrays, pred_arrays, hits, n_groups).reshape(-1, NUM_LABELS)
+    return video_ids, aps
+
+
+def score(gt: dict, pred: dict, check: bool = True, strict: bool = True) -> dict:
+    """Official temporal mAP at tIoU 0.5 and 0.95, per video and per label.
+
+    Returns {"map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95", "per_label@0.5",
+    "per_label@0.95"}; per_label is the mean over scored videos of that label's AP.
+    `strict=False` scores what the official evaluator scores (see `check_submission`).
+    """
+    if check:
+        check_submission(gt, where="ground truth", strict=strict)
+        check_submission(pred, gt, strict=strict)
+    video_ids, aps = average_precisions(gt, pred)
+    result: dict = {}
+    for threshold, ap in aps.items():
         per_video = [sum(row) / NUM_LABELS for row in ap.tolist()]  # (V,) in the evaluator's order
         result[f"map@{threshold}"] = sum(per_video) / len(per_video) if per_video else 0.0
         result[f"per_video@{threshold}"] = dict(zip(video_ids, per_video))
@@ -248,8 +301,9 @@ def score(gt: dict, pred: dict, check: bool = True) -> dict:
 
 
 def _read_json(path: str, what: str) -> dict:
+    # Bytes: json detects UTF-8 (with or without a BOM), UTF-16 and UTF-32, as the evaluator reads them.
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_bytes())
     except (OSError, UnicodeDecodeError) as err:
         raise SubmissionError(f"cannot read {what} {path}: {err.strerror if isinstance(err, OSError) else err}") from None
     except json.JSONDecodeError as err:
@@ -262,12 +316,18 @@ def main(argv=None) -> int:
     )
     parser.add_argument("gt", help="ground-truth events JSON")
     parser.add_argument("pred", help="predicted events JSON (the submission)")
+    parser.add_argument("--strict", action="store_true",
+                        help="also refuse what the official evaluator scores but this project's writer never "
+                             "writes (start > end, float or bool frames); default: score it, with a warning")
     args = parser.parse_args(argv)
     try:
         gt = _read_json(args.gt, "ground truth")
         pred = _read_json(args.pred, "submission")
-        check_submission(gt, where=f"ground truth {args.gt}")
-        check_submission(pred, gt, where=f"submission {args.pred}")
+        for what, path, sub, ref in (("ground truth", args.gt, gt, None), ("submission", args.pred, pred, gt)):
+            unusual = check_submission(sub, ref, where=f"{what} {path}", strict=args.strict)
+            if unusual:
+                print(f"warning: {len(unusual)} event(s) scored as the official evaluator does, though not "
+                      f"integer start <= end (e.g. {unusual[0]}); --strict refuses them", file=sys.stderr)
         result = score(gt, pred, check=False)
     except SubmissionError as err:
         print(f"error: {err}", file=sys.stderr)
