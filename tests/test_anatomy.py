@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import repo_params, section_params
 
 from vce.core.labels import LABELS, REGIONS
 from vce.core.params import ParamsError, from_dict
@@ -76,9 +77,9 @@ def test_viterbi_gives_one_region_per_frame_in_order():
     noisy = table["colon"].to_numpy().copy()
     noisy[100:110] = 0.95  # would fire colon inside the small intestine without decoding
     table["colon"] = noisy
-    free = events_by_label(probs_to_submission(table, ON, EventParams(**{**VITERBI, "anatomy": "none"})))
+    free = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **{**VITERBI, "anatomy": "none"})))
     assert len(free["colon"]) == 2
-    decoded = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI)))
+    decoded = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **VITERBI)))
     spans = [decoded[region] for region in REGIONS]
     assert spans == [[(0, 9)], [(10, 29)], [(30, 99)], [(100, 219)], [(220, 299)]]
     # Exactly one region per frame, in anatomical order.
@@ -99,15 +100,15 @@ def test_landmarks_fire_only_near_their_boundary():
     pylorus[98:102] = 0.9  # at the boundary
     pylorus[250:254] = 0.9  # far away inside the colon: a false event
     table = video(n, truth, pylorus=pylorus)
-    free = events_by_label(probs_to_submission(table, ON, EventParams(**{**VITERBI, "anatomy": "none"})))
+    free = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **{**VITERBI, "anatomy": "none"})))
     assert free["pylorus"] == [(98, 101), (250, 253)]
-    window = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmark_window=10)))
+    window = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **VITERBI, landmark_window=10)))
     assert window["pylorus"] == [(98, 101)]
-    peak = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmarks="peak", landmark_window=10, landmark_length=5)))
+    peak = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **VITERBI, landmarks="peak", landmark_window=10, landmark_length=5)))
     assert len(peak["pylorus"]) == 1 and 96 <= peak["pylorus"][0][0] <= 100
     assert peak["pylorus"][0][1] - peak["pylorus"][0][0] == 4
     # No decoded stomach -> small intestine crossing within reach: no pylorus at all.
-    far = events_by_label(probs_to_submission(table, ON, EventParams(**VITERBI, landmark_window=0)))
+    far = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **VITERBI, landmark_window=0)))
     assert "pylorus" not in far or far["pylorus"] == [(98, 101)]
 
 
@@ -115,7 +116,7 @@ def test_videos_are_decoded_separately():
     n = 120
     first = video(n, np.repeat([3, 4], [60, 60]), video_id="a")
     second = video(n, np.repeat([2, 3], [40, 80]), video_id="b")
-    sub = probs_to_submission(pd.concat([first, second], ignore_index=True), ON, EventParams(**VITERBI))
+    sub = probs_to_submission(pd.concat([first, second], ignore_index=True), ON, section_params(EventParams, "events", **VITERBI))
     assert events_by_label(sub, "a")["colon"] == [(60, 119)]
     assert events_by_label(sub, "b")["stomach"] == [(0, 39)]
     assert "colon" not in events_by_label(sub, "b")
@@ -123,13 +124,13 @@ def test_videos_are_decoded_separately():
 
 def test_anatomy_params_are_checked():
     with pytest.raises(ParamsError, match="events.anatomy"):
-        from_dict(EventParams, {"anatomy": "hmm"}, "events")
+        from_dict(EventParams, {**repo_params()["events"], "anatomy": "hmm"}, "events")
     with pytest.raises(ParamsError, match="events.landmarks"):
-        from_dict(EventParams, {"landmarks": "everywhere"}, "events")
+        from_dict(EventParams, {**repo_params()["events"], "landmarks": "everywhere"}, "events")
     with pytest.raises(ParamsError, match="events.emission"):
-        from_dict(EventParams, {"emission": "labels"}, "events")
+        from_dict(EventParams, {**repo_params()["events"], "emission": "labels"}, "events")
     with pytest.raises(ParamsError, match="events.landmark_length"):
-        from_dict(EventParams, {"landmark_length": 0}, "events")
+        from_dict(EventParams, {**repo_params()["events"], "landmark_length": 0}, "events")
 
 
 def test_decoding_is_fast_on_a_galar_sized_video():
@@ -149,7 +150,7 @@ def test_thresholds_still_decide_whether_a_region_fires():
     truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])
     table = video(n, truth)
     off = {**ON, "mouth": 1.01}  # switched off (as threshold tuning does for absent labels)
-    decoded = events_by_label(probs_to_submission(table, off, EventParams(**VITERBI)))
+    decoded = events_by_label(probs_to_submission(table, off, section_params(EventParams, "events", **VITERBI)))
     assert "mouth" not in decoded and decoded["esophagus"] == [(10, 29)]
 
 
@@ -162,7 +163,7 @@ def test_runs_emission_follows_the_thresholded_decisions():
     table["mouth"] = np.where(truth == 0, 0.35, 0.05).astype(np.float32)
     table["esophagus"] = np.where(truth == 1, 0.8, np.where(truth == 0, 0.4, 0.1)).astype(np.float32)
     thresholds = {**ON, "mouth": 0.3, "esophagus": 0.6}
-    by_probs = events_by_label(probs_to_submission(table, thresholds, EventParams(**VITERBI)))
+    by_probs = events_by_label(probs_to_submission(table, thresholds, section_params(EventParams, "events", **VITERBI)))
     assert "mouth" not in by_probs  # decoded as esophagus, and mouth's runs never overlap a mouth segment
-    by_runs = events_by_label(probs_to_submission(table, thresholds, EventParams(**VITERBI, emission="runs")))
+    by_runs = events_by_label(probs_to_submission(table, thresholds, section_params(EventParams, "events", **VITERBI, emission="runs")))
     assert by_runs["mouth"] == [(0, 29)] and by_runs["esophagus"] == [(30, 59)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -11,13 +10,14 @@ import cv2
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import repo_params, section_params
 
 from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, PATHOLOGY, REGIONS
 from vce.core.params import ParamsError, from_dict
 from vce.data.index import DataParams, build_index
 from vce.demo.generate import EXTRA_COLUMNS, DemoParams, events_of, generate, timeline
 
-SMALL = DemoParams(n_videos=2, frames_per_video=150, n_test_videos=2, test_frames_per_video=120,
+SMALL = section_params(DemoParams, "demo", n_videos=2, frames_per_video=150, n_test_videos=2, test_frames_per_video=120,
                    image_size=32)
 
 
@@ -36,7 +36,7 @@ def small_demo(tmp_path_factory):
 def test_same_seed_gives_identical_bytes_other_seed_differs(small_demo, tmp_path):
     generate(tmp_path / "again", SMALL)
     assert digest(tmp_path / "again") == digest(small_demo)
-    generate(tmp_path / "other", dataclasses.replace(SMALL, seed=7))
+    generate(tmp_path / "other", SMALL.replace(seed=7))
     assert digest(tmp_path / "other") != digest(small_demo)
 
 
@@ -73,7 +73,7 @@ def test_test_layout_names_lists_and_hidden_truth(small_demo):
 
 
 def test_index_reads_the_demo_without_warnings(small_demo):
-    frames, test, report = build_index(DataParams(
+    frames, test, report = build_index(section_params(DataParams, "data",
         root=str(small_demo / "galar"), test_root=str(small_demo / "test")))
     assert len(frames) == 300 and len(test) == 240
     assert report.as_dict()["n_warnings"] == 0
@@ -82,7 +82,7 @@ def test_index_reads_the_demo_without_warnings(small_demo):
 
 
 def test_timelines_follow_anatomy_order_and_real_statistics():
-    cfg = DemoParams()
+    cfg = section_params(DemoParams, "demo")
     rng = np.random.default_rng(0)
     present = {label: 0 for label in LABELS}
     for _ in range(40):
@@ -120,7 +120,7 @@ def test_events_cut_whenever_the_label_set_changes():
 
 def test_pixels_separate_regions_and_show_findings(small_demo):
     """Nearest-centroid on mean colour tells regions apart; marks change the frames they touch."""
-    frames, _, _ = build_index(DataParams(root=str(small_demo / "galar"), test_root=None))
+    frames, _, _ = build_index(section_params(DataParams, "data", root=str(small_demo / "galar"), test_root=None))
     images = np.stack([cv2.imread(str(small_demo / "galar" / p))[:, :, ::-1] for p in frames["path"]])
     colour = images.reshape(len(images), -1, 3).mean(1)  # (N, 3)
     region = frames[list(REGIONS)].to_numpy().argmax(1)
@@ -138,7 +138,7 @@ def test_pixels_separate_regions_and_show_findings(small_demo):
 
 
 def test_bad_params_name_the_key():
-    with pytest.raises(ParamsError, match=r"demo.region_fractions: must be 5 positive numbers"):
-        from_dict(DemoParams, {"region_fractions": [1, 2]}, "demo")
-    with pytest.raises(ParamsError, match=r"demo.min_event_frames: must be in 1..max_event_frames"):
-        from_dict(DemoParams, {"min_event_frames": 80}, "demo")
+    with pytest.raises(ParamsError, match=r"^demo.region_fractions = \[1, 2\]: must be 5 positive numbers \(shares of mouth,"):
+        from_dict(DemoParams, {**repo_params()["demo"], "region_fractions": [1, 2]}, "demo")
+    with pytest.raises(ParamsError, match=r"^demo.min_event_frames = 80: must be <= max_event_frames \(60\)$"):
+        from_dict(DemoParams, {**repo_params()["demo"], "min_event_frames": 80}, "demo")

@@ -8,6 +8,7 @@ import open_clip
 import pytest
 import torch
 from clip_checkpoints import REPO_ID, tiny_config, write_hub_cache, write_local_dir
+from conftest import repo_params, section_params
 from timm.layers import DiffAttention
 
 from vce.core.labels import NUM_LABELS
@@ -40,7 +41,7 @@ def assert_tower_holds(model, clip):
 
 def test_tiny_forward_shapes_and_fusion():
     torch.manual_seed(0)
-    model = create_model(ModelParams(), torch.randn(NUM_LABELS, 2, 64)).eval()
+    model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 2, 64)).eval()
     with torch.no_grad():
         out = model(torch.randn(3, 3, 64, 64))
     assert out["cls_logits"].shape == out["con_logits"].shape == (3, NUM_LABELS)
@@ -49,7 +50,7 @@ def test_tiny_forward_shapes_and_fusion():
     torch.testing.assert_close(model.frame_probs(out), expected)
     assert model.preprocess == {"image_size": 64, "mean": CLIP_MEAN,
                                 "std": [0.26862954, 0.26130258, 0.27577711], "interpolation": "bicubic"}
-    no_prompts = create_model(ModelParams(fusion="mean"))
+    no_prompts = create_model(section_params(ModelParams, "model", fusion="mean"))
     out = no_prompts(torch.randn(2, 3, 64, 64))
     assert out["con_logits"] is None
     torch.testing.assert_close(no_prompts.frame_probs(out), torch.sigmoid(out["cls_logits"]))
@@ -68,13 +69,13 @@ def test_image_tower_is_open_clip_timm_tower():
 
 def test_local_dir_loads_pretrained_weights_and_preprocess(tmp_path):
     clip = write_local_dir(tmp_path / "ckpt", tiny_config(mean=[0.1, 0.2, 0.3]))
-    plain = create_model(ModelParams(source=f"local-dir:{tmp_path / 'ckpt'}", diff_attention=False))
+    plain = create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}", diff_attention=False))
     assert_tower_holds(plain, clip)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x)["embedding"], clip.visual(x))
     assert plain.preprocess["mean"] == [0.1, 0.2, 0.3]
-    diff = create_model(ModelParams(source=f"local-dir:{tmp_path / 'ckpt'}"))
+    diff = create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}"))
     assert sum(isinstance(m, DiffAttention) for m in diff.modules()) == 4
     for block, original in zip(diff.visual.trunk.blocks, clip.visual.trunk.blocks):
         assert torch.equal(block.attn.qkv.weight, original.attn.qkv.weight)
@@ -84,13 +85,13 @@ def test_local_dir_loads_pretrained_weights_and_preprocess(tmp_path):
 def test_local_dir_without_weights_is_an_error_not_random(tmp_path):
     write_local_dir(tmp_path / "ckpt", weights=False)
     with pytest.raises(SourceError, match="open_clip_pytorch_model.bin") as err:
-        create_model(ModelParams(source=f"local-dir:{tmp_path / 'ckpt'}"))
+        create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}"))
     assert str(tmp_path / "ckpt") in str(err.value) and "random" in str(err.value)
     with pytest.raises(SourceError, match="not found"):
-        create_model(ModelParams(source=f"local-dir:{tmp_path / 'nowhere'}"))
+        create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'nowhere'}"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="open_clip_config.json"):
-        create_model(ModelParams(source=f"local-dir:{tmp_path / 'empty'}"))
+        create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'empty'}"))
 
 
 def test_local_dir_with_weights_of_another_shape_is_an_error(tmp_path):
@@ -99,13 +100,13 @@ def test_local_dir_with_weights_of_another_shape_is_an_error(tmp_path):
     write_local_dir(tmp_path / "ckpt", config)
     (tmp_path / "ckpt" / "open_clip_config.json").write_text(json.dumps(tiny_config()))
     with pytest.raises(SourceError, match="does not fit"):
-        create_model(ModelParams(source=f"local-dir:{tmp_path / 'ckpt'}"))
+        create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}"))
 
 
 def test_hf_hub_loads_through_the_hub_download(tmp_path, offline_hub):
     clip = write_local_dir(tmp_path / "repo", tiny_config(std=[0.5, 0.5, 0.5]))
     cache = write_hub_cache(tmp_path / "cache", tmp_path / "repo")
-    model = create_model(ModelParams(source=f"hf-hub:{REPO_ID}", cache_dir=str(cache)))
+    model = create_model(section_params(ModelParams, "model", source=f"hf-hub:{REPO_ID}", cache_dir=str(cache)))
     assert torch.equal(model.visual.head.proj.weight, clip.visual.head.proj.weight)
     assert torch.equal(model.visual.trunk.blocks[2].attn.qkv.weight, clip.visual.trunk.blocks[2].attn.qkv.weight)
     assert model.preprocess["std"] == [0.5, 0.5, 0.5]
@@ -115,15 +116,15 @@ def test_hf_hub_without_weights_is_an_error_not_random(tmp_path, offline_hub):
     write_local_dir(tmp_path / "repo", weights=False)
     cache = write_hub_cache(tmp_path / "cache", tmp_path / "repo")
     with pytest.raises(SourceError, match=f"hf-hub:{REPO_ID}.*open_clip_pytorch_model.bin"):
-        create_model(ModelParams(source=f"hf-hub:{REPO_ID}", cache_dir=str(cache)))
+        create_model(section_params(ModelParams, "model", source=f"hf-hub:{REPO_ID}", cache_dir=str(cache)))
     with pytest.raises(SourceError, match="open_clip_config.json"):
-        create_model(ModelParams(source="hf-hub:test-org/absent", cache_dir=str(cache)))
+        create_model(section_params(ModelParams, "model", source="hf-hub:test-org/absent", cache_dir=str(cache)))
 
 
 def test_random_source_is_biomedclip_vit_b16_with_12_differential_blocks():
     with torch.device("meta"):  # architecture only: skip initialising 2 × 86 M parameters
-        model = create_model(ModelParams(source="random"))
-        plain = create_model(ModelParams(source="random", diff_attention=False))
+        model = create_model(section_params(ModelParams, "model", source="random"))
+        plain = create_model(section_params(ModelParams, "model", source="random", diff_attention=False))
     trunk = model.visual.trunk
     assert len(trunk.blocks) == 12 and all(isinstance(b.attn, DiffAttention) for b in trunk.blocks)
     assert trunk.embed_dim == 768 and trunk.patch_embed.patch_size == (16, 16)
@@ -136,7 +137,7 @@ def test_random_source_is_biomedclip_vit_b16_with_12_differential_blocks():
 
 def test_build_from_config_rebuilds_a_checkpoint_exactly():
     torch.manual_seed(0)
-    model = create_model(ModelParams(), torch.randn(NUM_LABELS, 64)).eval()
+    model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64)).eval()
     buffer = io.BytesIO()
     torch.save({"arch": model.arch_config, "state_dict": model.state_dict()}, buffer)
     buffer.seek(0)
@@ -155,17 +156,17 @@ def test_build_from_config_rebuilds_a_checkpoint_exactly():
 
 def test_prompt_embeddings_are_normalised_template_means():
     emb = torch.randn(NUM_LABELS, 3, 64)
-    model = create_model(ModelParams(), emb)
+    model = create_model(section_params(ModelParams, "model"), emb)
     unit = emb / emb.norm(dim=-1, keepdim=True)
     mean = unit.mean(dim=1)
     torch.testing.assert_close(model.label_text_embeddings, mean / mean.norm(dim=-1, keepdim=True))
     assert not any(n.startswith("label_text") for n, _ in model.named_parameters())  # frozen
     with pytest.raises(ValueError, match="do not fit"):
-        create_model(ModelParams(), torch.randn(NUM_LABELS, 512))
+        create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 512))
 
 
 def test_param_groups_split_backbone_heads_and_decay():
-    model = create_model(ModelParams(), torch.randn(NUM_LABELS, 64))
+    model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64))
     groups = {g["name"]: g for g in model.param_groups(lr_head=3e-4, lr_backbone=9e-5, weight_decay=5e-4)}
     ids = [id(p) for g in groups.values() for p in g["params"]]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
@@ -191,8 +192,8 @@ def one_thread():
 
 def test_tiny_model_overfits_a_small_batch(one_thread):
     torch.manual_seed(0)
-    model = create_model(ModelParams(dropout=0.0), torch.randn(NUM_LABELS, 64))
-    loss_fn = VCELoss(LossParams(), torch.full((NUM_LABELS,), 0.2))
+    model = create_model(section_params(ModelParams, "model", dropout=0.0), torch.randn(NUM_LABELS, 64))
+    loss_fn = VCELoss(section_params(LossParams, "loss"), torch.full((NUM_LABELS,), 0.2))
     optimizer = torch.optim.AdamW(model.param_groups(3e-3, 1e-3, 0.0))
     images, targets = torch.randn(8, 3, 64, 64), (torch.rand(8, NUM_LABELS) < 0.2).float()
     losses = []
@@ -207,8 +208,8 @@ def test_tiny_model_overfits_a_small_batch(one_thread):
 
 def test_params_are_checked_with_their_key():
     with pytest.raises(ParamsError, match="model.source"):
-        from_dict(ModelParams, {"source": "biomedclip"}, "model")
+        from_dict(ModelParams, {**repo_params()["model"], "source": "biomedclip"}, "model")
     with pytest.raises(ParamsError, match="model.fusion"):
-        from_dict(ModelParams, {"fusion": "max"}, "model")
+        from_dict(ModelParams, {**repo_params()["model"], "fusion": "max"}, "model")
     with pytest.raises(ParamsError, match="model.dropout"):
         from_dict(ModelParams, {"dropout": 1.5}, "model")

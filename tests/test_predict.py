@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, load_stage, prepare_demo
+from conftest import ROOT, load_stage, prepare_demo, repo_params
 
 from vce.core.labels import LABELS
 from vce.infer.predict import PredictParams, shard_by_video
@@ -126,5 +126,5 @@ def test_shard_by_video_keeps_whole_videos_in_order():
 def test_predict_params_reject_unknown_split():
     from vce.core.params import ParamsError, from_dict
 
-    with pytest.raises(ParamsError, match=r"predict.splits: unknown split\(s\) \['tset'\]"):
-        from_dict(PredictParams, {"splits": ["tset"]}, "predict")
+    with pytest.raises(ParamsError, match=r"^predict.splits\[0\] = 'tset': must be one of 'train' or 'val'$"):
+        from_dict(PredictParams, {**repo_params()["predict"], "splits": ["tset"]}, "predict")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import repo_params, section_params, write_params
 
 from vce.core.io import write_parquet
 from vce.core.labels import LABELS
@@ -33,7 +34,7 @@ def frame_table(n_videos: int = 20, per_video: int = 30) -> pd.DataFrame:
 
 def test_split_is_by_video_deterministic_and_sized():
     frames = frame_table()
-    cfg = SplitParams(seed=3, val_fraction=0.25)
+    cfg = section_params(SplitParams, "split", seed=3, val_fraction=0.25)
     out, summary = split_frames(frames, cfg)
     assert list(out.columns) == [*frames.columns, "split"]
     assert (out.groupby("video_id")["split"].nunique() == 1).all()
@@ -42,14 +43,14 @@ def test_split_is_by_video_deterministic_and_sized():
     assert summary["n_frames"]["val"] == 5 * 30
     again, _ = split_frames(frames, cfg)
     assert again.equals(out)
-    others = {tuple(split_frames(frames, SplitParams(seed=s))[1]["videos"]["val"]) for s in range(5)}
+    others = {tuple(split_frames(frames, section_params(SplitParams, "split", seed=s))[1]["videos"]["val"]) for s in range(5)}
     assert len(others) > 1, "the seed changes the split"
 
 
 def test_rare_labels_have_positives_on_both_sides():
     frames = frame_table()
     for seed in range(5):
-        _, summary = split_frames(frames, SplitParams(seed=seed))
+        _, summary = split_frames(frames, section_params(SplitParams, "split", seed=seed))
         for label in ("z-line", "active bleeding", "ulcer"):  # each in exactly 2 videos
             assert summary["positive_videos"][label] == {"train": 1, "val": 1}, (seed, label)
         assert summary["labels_without_val_positives"] in ([], ["hematin"])
@@ -57,7 +58,7 @@ def test_rare_labels_have_positives_on_both_sides():
 
 def test_summary_counts_match_the_frames():
     frames = frame_table()
-    out, summary = split_frames(frames, SplitParams())
+    out, summary = split_frames(frames, section_params(SplitParams, "split"))
     for label in LABELS:
         for part in ("train", "val"):
             rows = out[out["split"] == part]
@@ -71,25 +72,25 @@ def test_k_fold_partitions_videos_and_fold_picks_validation():
     frames = frame_table()
     vals = []
     for fold in range(4):
-        _, summary = split_frames(frames, SplitParams(n_folds=4, fold=fold))
+        _, summary = split_frames(frames, section_params(SplitParams, "split", n_folds=4, folds=[0, 1, 2, 3], fold=fold))
         assert summary["n_videos"]["val"] == 5
         vals.append(set(summary["videos"]["val"]))
         assert summary["fold_of_video"] == split_frames(
-            frames, SplitParams(n_folds=4, fold=0))[1]["fold_of_video"]
+            frames, section_params(SplitParams, "split", n_folds=4, folds=[0, 1, 2, 3], fold=0))[1]["fold_of_video"]
     assert set().union(*vals) == {str(v) for v in range(1, 21)}
     assert sum(len(v) for v in vals) == 20, "each video is validation in exactly one fold"
 
 
 def test_too_few_videos_and_bad_params_are_errors():
     with pytest.raises(ValueError, match="^a split by video needs at least 2 videos, the index has 1$"):
-        split_frames(frame_table(n_videos=1), SplitParams())
+        split_frames(frame_table(n_videos=1), section_params(SplitParams, "split"))
     with pytest.raises(ValueError, match=(
             "^split.n_folds = 5 needs at least that many videos, the index has 3$")):
-        split_frames(frame_table(n_videos=3), SplitParams(n_folds=5))
+        split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", n_folds=5, folds=[0, 1, 2, 3, 4]))
     with pytest.raises(ParamsError, match=r"^split.fold: must be in 0..n_folds-1 \(n_folds = 3\)$"):
-        from_dict(SplitParams, {"n_folds": 3, "fold": 3}, "split")
+        from_dict(SplitParams, {**repo_params()["split"], "n_folds": 3, "fold": 3}, "split")
     with pytest.raises(ParamsError, match=r"^split.val_fraction: must be in \(0, 1\)$"):
-        from_dict(SplitParams, {"val_fraction": 1.0}, "split")
+        from_dict(SplitParams, {**repo_params()["split"], "val_fraction": 1.0}, "split")
 
 
 def load_stage():
@@ -98,7 +99,7 @@ def load_stage():
 
 def test_stage_writes_split_and_metrics(tmp_path, capsys):
     write_parquet(tmp_path / "frames.parquet", frame_table())
-    (tmp_path / "params.yaml").write_text("split:\n  seed: 42\n  val_fraction: 0.25\n")
+    write_params(tmp_path / "params.yaml", split={"seed": 42, "val_fraction": 0.25})
     args = ["--params", str(tmp_path / "params.yaml"), "--index", str(tmp_path / "frames.parquet"),
             "--out", str(tmp_path / "split/frames.parquet"), "--metrics", str(tmp_path / "split.json")]
     stage = load_stage()

@@ -9,19 +9,20 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from conftest import repo_params, section_params
 
 from stages import temporal as temporal_stage
 from stages import thresholds as thresholds_stage
-from vce.core.contracts import probs_source
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
-from vce.core.params import ParamsError, from_dict
+from vce.core.params import ParamsError, PostParams, from_dict
 from vce.eval.frame_metrics import frame_metrics
 from vce.infer.temporal import TemporalParams, build_sequences, refine, train_temporal
 from vce.train.losses import LossParams
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FAST = TemporalParams(hidden=32, dilations=[1, 2, 4, 8], steps=120, batch_chunks=8, chunk_frames=128, lr=3e-3)
+FAST = section_params(TemporalParams, "temporal", hidden=32, dilations=[1, 2, 4, 8], steps=120, batch_chunks=8,
+                      chunk_frames=128, lr=3e-3)
 
 
 def synthetic_videos(n_videos, n_frames, dim, seed, noise=2.5):
@@ -58,7 +59,7 @@ def test_temporal_refinement_beats_single_frames():
     val_frames, val_emb, val_labels, _ = synthetic_videos(3, 500, 16, seed=1)
     train = build_sequences(train_frames, train_emb, labels=train_labels)
     val = build_sequences(val_frames, val_emb, labels=val_labels)
-    model, losses = train_temporal(train, FAST, LossParams(), seed=0, device=torch.device("cpu"))
+    model, losses = train_temporal(train, FAST, section_params(LossParams, "loss"), seed=0, device=torch.device("cpu"))
     refined = refine(model, val, torch.device("cpu"))
     raw = frame_metrics(val_labels, frame_probs_of(val_emb, directions))["map"]
     ours = frame_metrics(val_labels, refined)["map"]
@@ -69,20 +70,19 @@ def test_temporal_refinement_beats_single_frames():
 def test_training_is_deterministic_from_the_seed():
     frames, emb, labels, _ = synthetic_videos(2, 200, 8, seed=3)
     seq = build_sequences(frames, emb, labels=labels)
-    params = TemporalParams(hidden=8, dilations=[1, 2], steps=5, chunk_frames=64)
-    first = refine(train_temporal(seq, params, LossParams(), 7, torch.device("cpu"))[0], seq, torch.device("cpu"))
-    second = refine(train_temporal(seq, params, LossParams(), 7, torch.device("cpu"))[0], seq, torch.device("cpu"))
+    params = section_params(TemporalParams, "temporal", hidden=8, dilations=[1, 2], steps=5, chunk_frames=64)
+    first = refine(train_temporal(seq, params, section_params(LossParams, "loss"), 7, torch.device("cpu"))[0], seq, torch.device("cpu"))
+    second = refine(train_temporal(seq, params, section_params(LossParams, "loss"), 7, torch.device("cpu"))[0], seq, torch.device("cpu"))
     np.testing.assert_array_equal(first, second)
 
 
 def test_params_are_checked():
     with pytest.raises(ParamsError, match="temporal.kernel_size"):
-        from_dict(TemporalParams, {"kernel_size": 2}, "temporal")
+        from_dict(TemporalParams, {**repo_params()["temporal"], "kernel_size": 2}, "temporal")
     with pytest.raises(ParamsError, match="temporal.dilations"):
-        from_dict(TemporalParams, {"dilations": []}, "temporal")
-    with pytest.raises(ParamsError, match="thresholds.probs"):
-        probs_source({"probs": "video"})
-    assert probs_source({}) == "frame"
+        from_dict(TemporalParams, {**repo_params()["temporal"], "dilations": []}, "temporal")
+    with pytest.raises(ParamsError, match="^post.probs = 'video': must be one of 'frame' or 'temporal'$"):
+        from_dict(PostParams, {"probs": "video"}, "post")
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -156,7 +156,7 @@ def test_stage_writes_the_probabilities_contract(workspace):
 def test_thresholds_stage_reads_the_temporal_probabilities(workspace):
     assert run_stage(workspace) == 0
     params = yaml.safe_load((workspace / "params.yaml").read_text())
-    params["thresholds"]["probs"] = "temporal"
+    params["post"]["probs"] = "temporal"
     (workspace / "temporal_params.yaml").write_text(yaml.safe_dump(params))
     assert thresholds_stage.main(["--params", str(workspace / "temporal_params.yaml"),
                                   "--predict-dir", str(workspace / "predict"),
@@ -173,12 +173,12 @@ def test_stage_without_embeddings(workspace, capsys):
     for path in (workspace / "predict").glob("*_embeddings.parquet"):
         path.unlink()
     params = yaml.safe_load((workspace / "params.yaml").read_text())
-    params["thresholds"]["probs"] = "frame"
+    params["post"]["probs"] = "frame"
     (workspace / "frame_params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace, params="frame_params.yaml") == 0  # frame probabilities selected: empty outputs
     assert json.loads((workspace / "temporal.json").read_text())["enabled"] is False
     assert pq.read_table(workspace / "temporal" / "val.parquet").num_rows == 0
-    params["thresholds"]["probs"] = "temporal"
+    params["post"]["probs"] = "temporal"
     (workspace / "temporal_params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace, params="temporal_params.yaml") == 2
-    assert re.search("thresholds.probs is temporal.*predict.embeddings", capsys.readouterr().err)
+    assert re.search("post.probs is temporal.*predict.embeddings", capsys.readouterr().err)

@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import repo_params, section_params
 
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import ParamsError, from_dict
@@ -17,7 +18,7 @@ def test_f1_threshold_on_a_constructed_case():
     y_prob = np.zeros((4, NUM_LABELS))
     y_true[:2, 0] = 1
     y_prob[:, 0] = [0.7, 0.8, 0.2, 0.75]
-    params = ThresholdParams(low_support=0.0)
+    params = section_params(ThresholdParams, "thresholds", low_support=0.0)
     thresholds = f1_thresholds(y_true, y_prob, params)
     # >= 0.21 .. 0.70 fires 3 frames (F1 0.8); >= 0.76 .. 0.80 fires 1 (F1 0.667): lowest best wins.
     assert thresholds["mouth"] == pytest.approx(0.21)
@@ -31,18 +32,18 @@ def test_f1_low_support_searches_from_low_start():
     y_prob[:3, 8] = 0.06
     y_true[:300, 4] = 1  # colon: 30 % support
     y_prob[:300, 4] = 0.06
-    thresholds = f1_thresholds(y_true, y_prob, ThresholdParams())
+    thresholds = f1_thresholds(y_true, y_prob, section_params(ThresholdParams, "thresholds"))
     assert thresholds["active bleeding"] == pytest.approx(0.05)  # reachable from low_start
     assert thresholds["colon"] == pytest.approx(0.10)  # grid starts at grid_start: nothing fires
 
 
 def test_threshold_params_check_names_the_key():
     with pytest.raises(ParamsError, match="thresholds.off_threshold"):
-        from_dict(ThresholdParams, {"off_threshold": 0.9}, "thresholds")
+        from_dict(ThresholdParams, {**repo_params()["thresholds"], "off_threshold": 0.9}, "thresholds")
     with pytest.raises(ParamsError, match="thresholds.median_windows"):
-        from_dict(ThresholdParams, {"median_windows": [2]}, "thresholds")
+        from_dict(ThresholdParams, {**repo_params()["thresholds"], "median_windows": [2]}, "thresholds")
     with pytest.raises(ParamsError, match="thresholds.method"):
-        from_dict(ThresholdParams, {"method": "auc"}, "thresholds")
+        from_dict(ThresholdParams, {**repo_params()["thresholds"], "method": "auc"}, "thresholds")
 
 
 def _synthetic_validation(seed=0, n_videos=4, n=300):
@@ -69,8 +70,8 @@ def _synthetic_validation(seed=0, n_videos=4, n=300):
 def test_tune_on_map_never_scores_below_its_start():
     frame_probs, gt = _synthetic_validation()
     start_thresholds = {label: 0.3 for label in LABELS}
-    start_params = EventParams(presence="none")
-    small = ThresholdParams(
+    start_params = section_params(EventParams, "events", presence="none")
+    small = section_params(ThresholdParams, "thresholds",
         coarse_grid=[0.3, 0.6, 0.9, 1.01], rounds=1, median_windows=[1, 7], fill_gaps=[0, 5],
         min_lengths=[1, 5], presence_thresholds=[0.5], styles=["tuple"],
     )

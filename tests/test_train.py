@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import ROOT, prepare_demo
+from conftest import ROOT, prepare_demo, repo_params
 
 from vce.core.params import ParamsError, from_dict
 from vce.model import checkpoint
@@ -140,14 +140,15 @@ def test_checkpoints_load_with_weights_only(uninterrupted):
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("epochs", 0, "train.epochs: must be >= 1, got 0"),
-    ("lr_head", -1.0, "train.lr_head: must be > 0"),
-    ("device", "tpu", "train.device = 'tpu': must be one of ['auto', 'cpu', 'cuda']"),
-    ("epoch", 3, "unknown key(s) in 'train': ['epoch']"),
+    ("epochs", 0, "train.epochs = 0: must be >= 1"),
+    ("lr_head", -1.0, "train.lr_head = -1.0: must be > 0"),
+    ("lr_head", float("inf"), "train.lr_head = inf: must be a finite number"),
+    ("device", "tpu", "train.device = 'tpu': must be one of 'auto', 'cpu' or 'cuda'"),
+    ("epoch", 3, "unknown key train.epoch; known keys: ["),
 ])
 def test_bad_train_params_name_the_key(key, value, message):
     with pytest.raises(ParamsError) as err:
-        from_dict(TrainParams, {key: value}, "train")
+        from_dict(TrainParams, {**repo_params()["train"], key: value}, "train")
     assert message in str(err.value)
 
 
@@ -161,7 +162,7 @@ def test_train_stage_reports_bad_params_without_traceback(demo, tmp_path):
     process = run_train(argv)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 2
-    assert output.strip().splitlines()[-1] == "error: train.epochs: must be >= 1, got 0"
+    assert output.strip().splitlines()[-1] == "error: train.epochs = 0: must be >= 1"
     assert not (tmp_path / "model.pt").exists()
 
 

@@ -72,8 +72,7 @@ class DemoParams(Section):
     test_frames_per_video: int = Field(ge=100)
     image_size: int = Field(ge=16, le=512)
     frame_step: int = Field(ge=1)
-    region_fractions: list[Annotated[float, Field(gt=0)]] = Field(
-        min_length=len(REGIONS), max_length=len(REGIONS))  # shares of mouth … colon
+    region_fractions: list[Annotated[float, Field(gt=0)]]  # shares of mouth … colon
     region_jitter: float = Field(ge=0)
     presence_floor: float = Field(ge=0, le=1)
     events_per_label: float = Field(ge=1)
@@ -83,7 +82,9 @@ class DemoParams(Section):
     mark_strength: float = Field(gt=0, le=1)
 
     @model_validator(mode="after")
-    def _event_lengths(self):
+    def _regions_and_lengths(self):
+        self.require(len(self.region_fractions) == len(REGIONS), "region_fractions",
+                     f"must be {len(REGIONS)} positive numbers (shares of {', '.join(REGIONS)})")
         self.require(self.min_event_frames <= self.max_event_frames, "min_event_frames",
                      f"must be <= max_event_frames ({self.max_event_frames})")
         return self
