@@ -36,7 +36,7 @@ def test_split_is_by_video_deterministic_and_sized():
     frames = frame_table()
     cfg = section_params(SplitParams, "split", seed=3, val_fraction=0.25)
     out, summary = split_frames(frames, cfg)
-    assert list(out.columns) == [*frames.columns, "split"]
+    assert list(out.columns) == [*frames.columns, "split", "fold"]
     assert (out.groupby("video_id")["split"].nunique() == 1).all()
     assert summary["n_videos"] == {"train": 15, "val": 5}
     assert set(summary["videos"]["train"]).isdisjoint(summary["videos"]["val"])
@@ -87,9 +87,9 @@ def test_too_few_videos_and_bad_params_are_errors():
     with pytest.raises(ValueError, match=(
             "^split.n_folds = 5 needs at least that many videos, the index has 3$")):
         split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", n_folds=5, folds=[0, 1, 2, 3, 4]))
-    with pytest.raises(ParamsError, match=r"^split.fold: must be in 0..n_folds-1 \(n_folds = 3\)$"):
+    with pytest.raises(ParamsError, match=r"^split.fold = 3: must be in 0..n_folds-1 \(n_folds = 3\)$"):
         from_dict(SplitParams, {**repo_params()["split"], "n_folds": 3, "fold": 3}, "split")
-    with pytest.raises(ParamsError, match=r"^split.val_fraction: must be in \(0, 1\)$"):
+    with pytest.raises(ParamsError, match=r"^split.val_fraction = 1.0: must be < 1.0$"):
         from_dict(SplitParams, {**repo_params()["split"], "val_fraction": 1.0}, "split")
 
 
@@ -113,3 +113,26 @@ def test_stage_writes_split_and_metrics(tmp_path, capsys):
     assert stage.main(args) == 2
     assert capsys.readouterr().err.endswith(
         f"error: frame index not found: {tmp_path}/missing.parquet (run the index stage first)\n")
+
+
+def test_explicit_validation_videos_are_exactly_the_validation_part():
+    frames = frame_table()
+    cfg = section_params(SplitParams, "split", val_videos=["3", 17, "20"])  # YAML may give integers
+    out, summary = split_frames(frames, cfg)
+    assert summary["videos"]["val"] == ["17", "20", "3"] and summary["chosen_by"] == "split.val_videos"
+    assert set(out.loc[out["split"] == "val", "video_id"]) == {"3", "17", "20"}
+    assert summary["n_videos"] == {"train": 17, "val": 3}
+    assert split_frames(frames, section_params(SplitParams, "split"))[1]["chosen_by"] == "search"
+
+
+def test_explicit_validation_videos_are_checked_against_the_index():
+    frames = frame_table(n_videos=4)
+    with pytest.raises(ParamsError, match=r"^split.val_videos: unknown video id\(s\) \['99'\]; "
+                                          r"the frame index has \['1', '2', '3', '4'\]$"):
+        split_frames(frames, section_params(SplitParams, "split", val_videos=["2", "99"]))
+    with pytest.raises(ParamsError, match=r"^split.val_videos: lists all 4 videos"):
+        split_frames(frames, section_params(SplitParams, "split", val_videos=["1", "2", "3", "4"]))
+    with pytest.raises(ParamsError, match=r"^split.val_videos = \[.1.\]: explicit validation videos need n_folds = 1"):
+        from_dict(SplitParams, {**repo_params()["split"], "n_folds": 2, "folds": [0, 1], "val_videos": ["1"]}, "split")
+    with pytest.raises(ParamsError, match=r"^split.val_videos = .*: lists a video twice"):
+        from_dict(SplitParams, {**repo_params()["split"], "val_videos": ["1", 1]}, "split")

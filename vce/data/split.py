@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from vce.core.errors import DataError
+from vce.core.errors import DataError, ParamsError
 from vce.core.labels import LABELS
 from vce.core.params import Section
 
@@ -29,9 +29,14 @@ class SplitParams(Section):
     fold: int = Field(ge=0)
     folds: list[int]  # the fold ids DVC's train/predict matrix runs: must be [0, 1, …, n_folds - 1]
     candidates: int = Field(ge=1)
+    val_videos: list[str | int]  # explicit validation video ids (e.g. one device or centre); [] = chosen by the search
 
     @model_validator(mode="after")
     def _fold_exists(self):
+        self.require(not self.val_videos or self.n_folds == 1, "val_videos",
+                     f"explicit validation videos need n_folds = 1 (n_folds = {self.n_folds})")
+        self.require(len(set(map(str, self.val_videos))) == len(self.val_videos), "val_videos",
+                     f"lists a video twice: {self.val_videos}")
         self.require(self.fold < self.n_folds, "fold", f"must be in 0..n_folds-1 (n_folds = {self.n_folds})")
         self.require(self.folds == list(range(self.n_folds)), "folds",
                      f"must list every fold 0..n_folds-1 once, in order: {list(range(self.n_folds))} "
@@ -95,10 +100,23 @@ def assign_groups(positives: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
     return groups[ranking[0]]
 
 
+def explicit_groups(positives: pd.DataFrame, val_videos: list) -> np.ndarray:
+    """Group of each video (V,): 1 for the ids of `split.val_videos`, checked against the index."""
+    wanted = [str(v) for v in val_videos]
+    known = positives.index.astype(str)
+    unknown = [v for v in wanted if v not in set(known)]
+    if unknown:
+        shown = list(known[:20]) + (["..."] if len(known) > 20 else [])
+        raise ParamsError(f"split.val_videos: unknown video id(s) {unknown}; the frame index has {shown}")
+    if len(wanted) == len(known):
+        raise ParamsError(f"split.val_videos: lists all {len(known)} videos; training needs at least one")
+    return np.isin(known, wanted).astype(np.int64)
+
+
 def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, dict]:
     """(frames with a `split` column "train"/"val", summary of counts per split)."""
     positives = video_positives(frames)
-    groups = assign_groups(positives, cfg)
+    groups = explicit_groups(positives, cfg.val_videos) if cfg.val_videos else assign_groups(positives, cfg)
     val_group = 1 if cfg.n_folds == 1 else cfg.fold
     is_val = pd.Series(groups == val_group, index=positives.index)
     out = frames.copy()
@@ -115,6 +133,7 @@ def summarise(frames: pd.DataFrame, positives: pd.DataFrame, is_val: pd.Series,
     parts = {"train": ~is_val, "val": is_val}
     summary = {
         "seed": cfg.seed, "n_folds": cfg.n_folds, "fold": cfg.fold,
+        "chosen_by": "split.val_videos" if cfg.val_videos else "search",
         "n_videos": {name: int(mask.sum()) for name, mask in parts.items()},
         "n_frames": {name: int((frames["split"] == name).sum()) for name in parts},
         "videos": {name: positives.index[mask.to_numpy()].tolist()
