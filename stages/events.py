@@ -44,11 +44,15 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
         saved = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"thresholds file not found: {path} (run the thresholds stage)") from None
-    thresholds = saved["thresholds"]
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+    thresholds = saved.get("thresholds") if isinstance(saved, dict) else None
+    if not isinstance(thresholds, dict):
+        raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")
     check_labels(thresholds, path)
     for label, value in thresholds.items():
-        # Above 1 means "never fires" (labels without validation positives).
-        if not isinstance(value, (int, float)) or value < 0.0:
+        # Above 1 means "never fires" (labels without validation positives); NaN fails `>=`.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
             raise DataError(f"{path}: threshold of '{label}' is {value!r}, must be a number >= 0")
     return thresholds, saved.get("events")
 

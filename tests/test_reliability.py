@@ -89,3 +89,138 @@ def test_trainer_resumes_through_the_tolerant_loader():
 
     source = inspect.getsource(Trainer.try_resume)
     assert "load_train_state" in source and "checkpoint.load(" not in source
+
+
+# ----------------------------------------------------------------------------- decompression bombs
+
+@pytest.mark.parametrize("side,max_pixels,message", [
+    (60000, None, "header declares 3,600,000,000 pixels, over the 1,073,741,824 any decoder here accepts"),
+    (20000, 25_000_000, "header declares 400,000,000 pixels, over data.max_frame_pixels = 25,000,000"),
+])
+def test_a_decompression_bomb_is_an_invalid_frame_for_every_decoder(tmp_path, side, max_pixels, message):
+    """Never a cv2.error / DecompressionBombError traceback, never a 1 GB allocation."""
+    from test_index import png_header_claiming
+
+    from vce.data.frames import FrameError, available_decoders, decode_frame
+
+    path = tmp_path / "frame_000001.png"
+    path.write_bytes(png_header_claiming(side, side))
+    for decoder in available_decoders():
+        with pytest.raises(FrameError, match=f"^{path}: {message}$"):
+            decode_frame(path, size=64, decoder=decoder, max_pixels=max_pixels)
+
+
+def test_pils_own_bomb_error_is_a_frame_error(tmp_path):
+    from test_index import png_header_claiming
+
+    from vce.data.frames import FrameError, decode_frame
+
+    path = tmp_path / "frame_000001.png"
+    path.write_bytes(png_header_claiming(20000, 20000))  # under 2**30, over PIL's 178,956,970
+    with pytest.raises(FrameError, match="not decodable .*decompression bomb"):
+        decode_frame(path, decoder="pil")
+
+
+def test_a_bomb_in_the_loader_is_counted_as_an_invalid_frame(tmp_path):
+    from test_index import PNG, png_header_claiming
+
+    from vce.data.dataset import FrameDataset, eval_transform
+
+    (tmp_path / "good.png").write_bytes(PNG)
+    (tmp_path / "bomb.png").write_bytes(png_header_claiming(60000, 60000))
+    dataset = FrameDataset(tmp_path, ["good.png", "bomb.png"], None, 8, 8, "bilinear", eval_transform(), "opencv")
+    assert [dataset[i][2] for i in range(2)] == [True, False]
+
+
+# ----------------------------------------------------------------------------- empty inputs and events
+
+def _event_params():
+    import yaml
+    from conftest import ROOT
+
+    from vce.core.params import from_dict
+    from vce.post.events import EventParams
+
+    return from_dict(EventParams, yaml.safe_load((ROOT / "params.yaml").read_text())["events"], "events")
+
+
+def _probs(rows: dict[str, int], value=0.0, valid=True) -> pd.DataFrame:
+    import numpy as np
+
+    from vce.core.labels import LABELS
+
+    video_ids = [v for v, n in rows.items() for _ in range(n)]
+    times = [t for n in rows.values() for t in range(n)]
+    table = pd.DataFrame({"video_id": pd.Series(video_ids, dtype=str), "t": np.array(times, np.int64)})
+    for label in LABELS:
+        table[label] = np.full(len(table), value, np.float32)
+    table["valid"] = valid
+    return table
+
+
+@pytest.mark.parametrize("anatomy", ["none", "viterbi"])
+def test_no_frames_at_all_give_an_empty_valid_submission(anatomy):
+    from vce.core.labels import LABELS
+    from vce.post.events import probs_to_submission
+
+    params = _event_params().replace(anatomy=anatomy)
+    submission = probs_to_submission(_probs({}), {label: 0.5 for label in LABELS}, params)
+    assert submission == {"videos": []}
+    check_submission(submission)
+
+
+def test_a_video_whose_every_frame_is_invalid_is_listed_without_events():
+    import numpy as np
+
+    from vce.core.labels import LABELS
+    from vce.post.events import probs_to_submission
+
+    probs = _probs({"a": 20, "b": 20}, value=0.99)
+    probs.loc[probs["video_id"] == "a", list(LABELS)] = np.nan
+    probs.loc[probs["video_id"] == "a", "valid"] = False
+    submission = probs_to_submission(probs, {label: 0.5 for label in LABELS}, _event_params())
+    check_submission(submission)
+    events = {video["video_id"]: video["events"] for video in submission["videos"]}
+    assert events["a"] == [] and events["b"], "every video is listed; only the valid one has events"
+
+
+def test_a_label_never_predicted_gets_no_event_and_the_others_still_do():
+    from vce.core.labels import LABELS
+    from vce.post.events import probs_to_submission
+
+    probs = _probs({"a": 30}, value=0.0)
+    probs["blood"] = 0.99
+    submission = probs_to_submission(probs, {label: 0.5 for label in LABELS}, _event_params())
+    labels = {label for event in submission["videos"][0]["events"] for label in event["label"]}
+    assert labels == {"blood"}
+
+
+def test_past_the_xlsx_row_limit_events_continue_on_more_sheets(tmp_path, monkeypatch, capsys):
+    from vce.post import events
+
+    monkeypatch.setattr(events, "XLSX_MAX_ROWS", 4)  # 3 events per sheet
+    submission = {"videos": [{"video_id": "v", "events": [
+        {"start": 10 * i, "end": 10 * i + 3, "label": ["blood"]} for i in range(7)]}]}
+    events.write_xlsx(submission, tmp_path / "sub.xlsx")
+    sheets = pd.read_excel(tmp_path / "sub.xlsx", sheet_name=None)
+    assert list(sheets) == ["Sheet1", "Sheet2", "Sheet3"]
+    assert [len(s) for s in sheets.values()] == [3, 3, 1]
+    assert pd.concat(sheets.values())["start"].tolist() == [10 * i for i in range(7)]
+    assert "7 events exceed one worksheet's 3 rows; written on 3 sheets" in capsys.readouterr().err
+
+
+def test_a_nan_threshold_is_an_error_naming_label_and_file(tmp_path):
+    from vce.core.errors import DataError
+    from vce.core.labels import LABELS
+
+    events_stage = load_stage("events")
+    path = tmp_path / "thresholds.json"
+    thresholds = {label: 0.5 for label in LABELS}
+    path.write_text(json.dumps({"thresholds": {**thresholds, "blood": float("nan")}}))
+    with pytest.raises(DataError, match=rf"^{path}: threshold of 'blood' is nan, must be a number >= 0$"):
+        events_stage.load_thresholds(str(path))
+    path.write_text(json.dumps({"thresholds": thresholds, "events": None}))
+    assert events_stage.load_thresholds(str(path))[0] == thresholds
+    path.write_text("{not json")
+    with pytest.raises(DataError, match=rf"^{path}: not valid JSON"):
+        events_stage.load_thresholds(str(path))

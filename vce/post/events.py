@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import sys
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -139,8 +140,7 @@ def build_timeline(
     n = len(times)
     new_video = np.ones(n, dtype=bool)
     new_video[1:] = video_codes[1:] != video_codes[:-1]
-    step = np.empty(n, dtype=np.int64)
-    step[0] = 0
+    step = np.zeros(n, dtype=np.int64)  # no rows (no test set, every frame invalid): an empty timeline
     step[1:] = times[1:] - times[:-1]
     duplicate = (~new_video) & (step == 0)
     if duplicate.any():
@@ -382,21 +382,31 @@ def labels_to_submission(frame_labels: pd.DataFrame, time_col: str = "t") -> dic
 
 
 _XLSX_TIME = datetime.datetime(2026, 1, 1)
+XLSX_MAX_ROWS = 1_048_576  # rows per worksheet, header included (the .xlsx format's limit)
 
 
 def write_xlsx(sub: dict, path) -> None:
-    """The submission as a spreadsheet: video_id, start, end, label (comma-joined), atomically."""
+    """The submission as a spreadsheet: video_id, start, end, label (comma-joined), atomically.
+
+    More events than one worksheet holds continue on sheets `Sheet2`, `Sheet3`, … (each
+    with the header), so no event is lost; the JSON stays the submission of record.
+    """
     rows = [
         (video["video_id"], event["start"], event["end"], ",".join(event["label"]))
         for video in sub["videos"]
         for event in video["events"]
     ]
     table = pd.DataFrame(rows, columns=["video_id", "start", "end", "label"])
+    per_sheet = XLSX_MAX_ROWS - 1
     with atomic_path(path) as tmp:
         with pd.ExcelWriter(tmp, engine="openpyxl") as writer:
-            table.to_excel(writer, index=False)
+            for sheet, first in enumerate(range(0, max(len(table), 1), per_sheet), start=1):
+                table.iloc[first:first + per_sheet].to_excel(writer, sheet_name=f"Sheet{sheet}", index=False)
             writer.book.properties.created = _XLSX_TIME
         _fix_zip_times(tmp)
+    if len(table) > per_sheet:
+        print(f"warning: {path}: {len(table)} events exceed one worksheet's {per_sheet} rows; "
+              f"written on {-(-len(table) // per_sheet)} sheets (Sheet1, Sheet2, ...)", file=sys.stderr)
 
 
 def _fix_zip_times(path) -> None:
