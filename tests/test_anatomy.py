@@ -108,8 +108,21 @@ def test_landmarks_fire_only_near_their_boundary():
     assert len(peak["pylorus"]) == 1 and 96 <= peak["pylorus"][0][0] <= 100
     assert peak["pylorus"][0][1] - peak["pylorus"][0][0] == 4
     # No decoded stomach -> small intestine crossing within reach: no pylorus at all.
+    # A zero window is the crossing frame alone (100): the run 98-101 covers it and stays.
     far = events_by_label(probs_to_submission(table, ON, section_params(EventParams, "events", **VITERBI, landmark_window=0)))
-    assert "pylorus" not in far or far["pylorus"] == [(98, 101)]
+    assert far["pylorus"] == [(98, 101)]
+
+
+def test_landmark_window_edge_is_exact():
+    # Crossing at 100, window 5: [95, 105]. A run ending at 94 or starting at 106 is outside.
+    n = 300
+    truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])
+    for span, kept in (((90, 94), False), ((106, 109), False), ((91, 95), True), ((105, 108), True)):
+        pylorus = np.full(n, 0.05)
+        pylorus[span[0] : span[1] + 1] = 0.9
+        found = events_by_label(probs_to_submission(video(n, truth, pylorus=pylorus), ON,
+                                                    section_params(EventParams, "events", **VITERBI, landmark_window=5)))
+        assert found.get("pylorus") == ([span] if kept else None), span
 
 
 def test_videos_are_decoded_separately():

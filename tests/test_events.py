@@ -15,6 +15,7 @@ from vce.post.events import (
     probs_to_submission,
     write_xlsx,
 )
+from vce.post.timeline import event_time, labels_on_time
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 OFF = {label: 0.5 for label in LABELS}
@@ -83,6 +84,28 @@ def test_events_are_ordered_by_confidence():
     probs = pattern(50, (0, 4), value=0.6) + pattern(50, (20, 24), value=0.95) + pattern(50, (40, 44), value=0.8)
     sub = probs_to_submission(frames(50, ulcer=probs), OFF, section_params(EventParams, "events", **RAW))
     assert [e[0] for e in events_of(sub)] == [20, 40, 0]
+
+
+def test_multi_label_events_rank_by_mean_confidence():
+    # Segment 0-4 holds ulcer (0.95) and polyp (0.55): mean 0.75, below the lone polyp run at
+    # 20-24 (0.85); ranked by the strongest label instead it would come first.
+    ulcer = pattern(40, (0, 4), value=0.95)
+    polyp = pattern(40, (0, 4), value=0.55) + pattern(40, (20, 24), value=0.85)
+    sub = probs_to_submission(frames(40, ulcer=ulcer, polyp=polyp), OFF,
+                              section_params(EventParams, "events", **RAW, style="tuple", multi_label=True))
+    assert events_of(sub) == [(20, 24, ["polyp"]), (0, 4, ["polyp", "ulcer"])]
+
+
+def test_galar_events_are_timed_by_index_test_events_by_frame():
+    index = pd.DataFrame({"video_id": ["g", "g", "g", "n", "n"], "index": [0, 1, 2, 0, 1],
+                          "frame": [10, 15, 20, 49, 50], "event_unit": ["index"] * 3 + ["frame"] * 2})
+    assert event_time(index).tolist() == [0, 1, 2, 49, 50]
+    for label in LABELS:
+        index[label] = 0
+    index["blood"] = [0, 1, 1, 1, 0]
+    gt = labels_to_submission(labels_on_time(index))
+    assert {v["video_id"]: v["events"] for v in gt["videos"]} == {
+        "g": [{"start": 1, "end": 2, "label": ["blood"]}], "n": [{"start": 49, "end": 49, "label": ["blood"]}]}
 
 
 def test_presence_max_drops_weak_labels_per_video():

@@ -193,9 +193,13 @@ def label_runs(timeline: Timeline, k: int, threshold: float, params: EventParams
     params = params.for_label(LABELS[k])
     if params.max_reach() > timeline.max_reach:
         raise ParamsError(f"events: median_window/fill_gap reach {params.max_reach()} exceeds the timeline's {timeline.max_reach}")
-    active = timeline.probs[k] >= threshold  # (P,) NaN compares False
+    return smooth_runs(timeline, timeline.probs[k] >= threshold, params.median_window, params.fill_gap, params.min_length)
+
+
+def smooth_runs(timeline: Timeline, active: np.ndarray, median_window: int, fill_gap: int, min_length: int):
+    """Steps 2-4 on a (P,) bool mask: (start, end) dense positions (inclusive) of its runs."""
     # 2. Median filter = majority of observed frames in the window (prefix sums; separators pad the ends).
-    half = params.median_window // 2
+    half = median_window // 2
     if half > 0:
         size = len(active)
         active_cum = np.concatenate([[0], np.cumsum(active, dtype=np.int32)])
@@ -214,11 +218,11 @@ def label_runs(timeline: Timeline, k: int, threshold: float, params: EventParams
     ends = np.flatnonzero(edges == -1) - 1
     # 3. Fill gaps of at most fill_gap frames (a gap of missing frames counts the same).
     if len(starts) > 1:
-        bridged = (starts[1:] - ends[:-1] - 1) <= params.fill_gap
+        bridged = (starts[1:] - ends[:-1] - 1) <= fill_gap
         starts = starts[np.concatenate([[True], ~bridged])]
         ends = ends[np.concatenate([~bridged, [True]])]
     # 4. Drop short runs.
-    long_enough = ends - starts + 1 >= params.min_length
+    long_enough = ends - starts + 1 >= min_length
     return starts[long_enough], ends[long_enough]
 
 
