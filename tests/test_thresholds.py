@@ -84,3 +84,44 @@ def test_tune_on_map_never_scores_below_its_start():
     assert report["best"] > report["start"]  # noise everywhere at 0.3: switching labels off must help
     assert "z-line" in report["labels_off"]
     json.dumps(report)  # the report is JSON-ready
+
+
+def test_tune_on_map_needs_its_per_label_and_refinement_phases():
+    # Video v holds blood (0.65), a 10-frame polyp and a 2-frame ulcer; video w none of them,
+    # but a blood burst at 0.61 and polyp spikes of 3 frames. Only a threshold between 0.61 and
+    # 0.65 (refinement from its start, 0.6, + 0.04; the coarse grid has only ties) keeps blood out of w, and
+    # only a polyp-only minimum length of 5 drops its spikes without dropping the 2-frame ulcer
+    # (shared, the two trade one video each: no gain).
+    n = 200
+    tables, gt = [], {"videos": []}
+    for video_id in ("v", "w"):
+        probs = np.zeros((n, NUM_LABELS), np.float32)
+        truth = np.zeros((n, NUM_LABELS), np.uint8)
+        truth[:, LABELS.index("colon")] = 1  # every video is scored
+        probs[:, LABELS.index("colon")] = 0.95
+        blood, polyp, ulcer = LABELS.index("blood"), LABELS.index("polyp"), LABELS.index("ulcer")
+        if video_id == "v":
+            truth[20:30, blood] = truth[40:50, polyp] = truth[150:152, ulcer] = 1
+            probs[20:30, blood], probs[40:50, polyp], probs[150:152, ulcer] = 0.65, 0.95, 0.95
+        else:
+            probs[60:70, blood] = 0.61
+            probs[100:103, polyp] = probs[120:123, polyp] = 0.95
+        table = pd.DataFrame(probs, columns=list(LABELS))
+        table.insert(0, "t", np.arange(n))
+        table.insert(0, "video_id", video_id)
+        tables.append(table)
+        labels = pd.DataFrame(truth, columns=list(LABELS))
+        labels.insert(0, "t", np.arange(n))
+        labels.insert(0, "video_id", video_id)
+        gt["videos"] += labels_to_submission(labels)["videos"]
+    start_params = section_params(EventParams, "events", style="per_label", median_window=1, fill_gap=0,
+                                  min_length=1, presence="none", anatomy="none", per_label={})
+    search = section_params(ThresholdParams, "thresholds", coarse_grid=[0.3, 0.6, 0.9, 1.01], rounds=1,
+                            refine_step=0.04, styles=["per_label"], median_windows=[1], fill_gaps=[0],
+                            min_lengths=[1, 5])
+    thresholds, params, report = tune_on_map(pd.concat(tables, ignore_index=True), gt,
+                                             {**{label: 0.3 for label in LABELS}, "blood": 0.6}, start_params, search)
+    assert thresholds["blood"] == pytest.approx(0.64)
+    assert params.for_label("polyp").min_length == 5 and params.for_label("ulcer").min_length == 1
+    per_label = score(gt, probs_to_submission(pd.concat(tables, ignore_index=True), thresholds, params))["per_label@0.5"]
+    assert per_label["blood"] == per_label["polyp"] == per_label["ulcer"] == 1.0

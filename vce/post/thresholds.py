@@ -16,7 +16,11 @@ events are ranked by file order) are invisible to frame F1. Coordinate ascent, c
    over the coarse grid again;
 4. `rounds` refinement passes: each label's threshold +- `refine_step`, the step halved per round.
 
-A change is kept only when it raises the objective, so the result never scores below the start.
+Each step is one function (`_phase_start`, `_phase_coarse`, `_phase_shared_knobs`,
+`_phase_per_label`, `_phase_refine`) acting on the search state (`_Search`). A change is kept
+only when it raises the objective, so the result never scores below the start.
+
+`method: engine` skips all this: the score engine (`vce.post.engine`) is fitted instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from vce.core.errors import DataError
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import OddInt, Section
 from vce.eval.score import score
+from vce.post.engine import EngineParams
 from vce.post.events import (
     EventParams,
     Timeline,
@@ -48,7 +53,7 @@ Probability = Annotated[float, Field(ge=0, le=1)]
 class ThresholdParams(Section):
     """`thresholds`: how per-class thresholds (and, for `map`, event knobs) are chosen."""
 
-    method: Literal["f1", "map"]
+    method: Literal["f1", "map", "engine"]  # engine: the score engine (vce.post.engine), fitted on validation
     low_support: Probability
     low_start: Probability
     grid_start: Probability
@@ -64,6 +69,7 @@ class ThresholdParams(Section):
     fill_gaps: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
     presence_thresholds: list[Probability] = Field(min_length=1)
+    engine: EngineParams  # what `method: engine` searches
 
     @model_validator(mode="after")
     def _grids(self):
@@ -155,6 +161,83 @@ def _with_override(params: EventParams, label: str, knob: str, value) -> EventPa
     return params.replace(per_label=per_label)
 
 
+class _Search:
+    """The search state: the best (thresholds, event params) so far, and the changes that improved it."""
+
+    def __init__(self, evaluate: _MapObjective, thresholds: dict, event_params: EventParams):
+        self.evaluate = evaluate
+        self.thresholds, self.event_params = thresholds, event_params
+        self.best = self.start = evaluate(thresholds, event_params)
+        self.steps: list = []
+
+    def consider(self, thresholds: dict, event_params: EventParams, what: str) -> None:
+        """Keep the candidate only when it raises the objective (so the search never goes down)."""
+        value = self.evaluate(thresholds, event_params)
+        if value > self.best + 1e-12:
+            self.steps.append({"change": what, "objective": value})
+            self.best, self.thresholds, self.event_params = value, thresholds, event_params
+
+    def try_thresholds(self, label: str, values) -> None:
+        for value in values:
+            if value != self.thresholds[label]:
+                self.consider({**self.thresholds, label: float(value)}, self.event_params, f"{label}={value}")
+
+    def firing(self) -> list[str]:
+        return [label for label in LABELS if self.thresholds[label] <= 1.0]
+
+
+def _knob_grids(params: ThresholdParams, event_params: EventParams) -> dict:
+    grids = {"median_window": params.median_windows, "fill_gap": params.fill_gaps, "min_length": params.min_lengths}
+    if event_params.presence == "max":
+        grids["presence_threshold"] = params.presence_thresholds
+    return grids
+
+
+def _phase_start(search: _Search, params: ThresholdParams) -> None:
+    """0. Every label off (the empty submission: AP 1 wherever a label is absent) is a start too."""
+    search.consider({label: params.off_threshold for label in LABELS}, search.event_params, "all labels off")
+
+
+def _phase_coarse(search: _Search, params: ThresholdParams) -> None:
+    """1. Per label, its threshold over the coarse grid (the last value switches it off)."""
+    for label in LABELS:
+        search.try_thresholds(label, params.coarse_grid)
+
+
+def _phase_shared_knobs(search: _Search, params: ThresholdParams) -> None:
+    """2. Shared knobs: event style, then each knob over its grid."""
+    for style in params.styles:
+        if style != search.event_params.style:
+            search.consider(search.thresholds, search.event_params.replace(style=style), f"style={style}")
+    for knob, grid in _knob_grids(params, search.event_params).items():
+        for value in grid:
+            if value != getattr(search.event_params, knob):
+                search.consider(search.thresholds, search.event_params.replace(**{knob: value}), f"{knob}={value}")
+
+
+def _phase_per_label(search: _Search, params: ThresholdParams) -> None:
+    """3. Per firing label: its own knobs (regions want long windows, short lesions short ones),
+    then its threshold over the coarse grid once more under them."""
+    grids = _knob_grids(params, search.event_params)
+    for label in search.firing():
+        for knob, grid in grids.items():
+            for value in grid:
+                if value != getattr(search.event_params.for_label(label), knob):
+                    search.consider(search.thresholds, _with_override(search.event_params, label, knob, value),
+                                    f"{label}.{knob}={value}")
+        search.try_thresholds(label, params.coarse_grid)
+
+
+def _phase_refine(search: _Search, params: ThresholdParams) -> None:
+    """4. `rounds` passes of each firing label's threshold +- step, the step halved per round."""
+    step = params.refine_step
+    for _ in range(params.rounds):
+        for label in search.firing():
+            current = search.thresholds[label]
+            search.try_thresholds(label, [v for v in (round(current - step, 6), round(current + step, 6)) if 0.0 <= v <= 1.0])
+        step /= 2
+
+
 def tune_on_map(
     frame_probs: pd.DataFrame,
     gt: dict,
@@ -167,74 +250,21 @@ def tune_on_map(
 
     `gt` may hold more videos than `frame_probs` (only those with frames are scored). The
     objective is `params.objective` (default: the mean of mAP@0.5 and mAP@0.95). Per-label knobs
-    found are returned as `event_params.per_label` overrides.
+    found are returned as `event_params.per_label` overrides. Phases: the module docstring.
     """
     reach = max(max(params.median_windows) // 2, max(params.fill_gaps), event_params.max_reach())
     timeline = build_timeline(frame_probs, time_col, max_reach=reach)
     evaluate = _MapObjective(timeline, _validation_gt(gt, timeline.video_ids), params.objective)
-    thresholds = {label: float(thresholds[label]) for label in LABELS}
-    best = start = evaluate(thresholds, event_params)
-    steps = []
-
-    def consider(candidate_thresholds, candidate_params, what):
-        nonlocal best, thresholds, event_params
-        value = evaluate(candidate_thresholds, candidate_params)
-        if value > best + 1e-12:
-            steps.append({"change": what, "objective": value})
-            best, thresholds, event_params = value, candidate_thresholds, candidate_params
-
-    knob_grids = {
-        "median_window": params.median_windows,
-        "fill_gap": params.fill_gaps,
-        "min_length": params.min_lengths,
-    }
-    if event_params.presence == "max":
-        knob_grids["presence_threshold"] = params.presence_thresholds
-    # 0. Every label off (the empty submission: AP 1 wherever a label is absent) is a start too.
-    consider({label: params.off_threshold for label in LABELS}, event_params, "all labels off")
-    # 1. Per label, its threshold over the coarse grid (the last value switches it off).
-    for label in LABELS:
-        for value in params.coarse_grid:
-            if value != thresholds[label]:
-                consider({**thresholds, label: float(value)}, event_params, f"{label}={value}")
-    # 2. Shared knobs: event style, then each knob over its grid.
-    for style in params.styles:
-        if style != event_params.style:
-            consider(thresholds, event_params.replace(style=style), f"style={style}")
-    for knob, grid in knob_grids.items():
-        for value in grid:
-            if value != getattr(event_params, knob):
-                consider(thresholds, event_params.replace(**{knob: value}), f"{knob}={value}")
-    # 3. Per label again: its own knobs (regions want long windows, short lesions short ones),
-    #    then its threshold once more under them.
-    for label in LABELS:
-        if thresholds[label] > 1.0:
-            continue
-        for knob, grid in knob_grids.items():
-            for value in grid:
-                if value != getattr(event_params.for_label(label), knob):
-                    consider(thresholds, _with_override(event_params, label, knob, value), f"{label}.{knob}={value}")
-        for value in params.coarse_grid:
-            if value != thresholds[label]:
-                consider({**thresholds, label: float(value)}, event_params, f"{label}={value}")
-    # 4. Refinement around each label's threshold, the step halved each round.
-    step = params.refine_step
-    for _ in range(params.rounds):
-        for label in LABELS:
-            current = thresholds[label]
-            if current > 1.0:
-                continue  # switched off: nothing to refine
-            for value in (round(current - step, 6), round(current + step, 6)):
-                if 0.0 <= value <= 1.0:
-                    consider({**thresholds, label: value}, event_params, f"{label}={value}")
-        step /= 2
+    search = _Search(evaluate, {label: float(thresholds[label]) for label in LABELS}, event_params)
+    for phase in (_phase_start, _phase_coarse, _phase_shared_knobs, _phase_per_label, _phase_refine):
+        phase(search, params)
     report = {
         "objective": params.objective,
-        "start": start,
-        "best": best,
+        "start": search.start,
+        "best": search.best,
         "evaluations": evaluate.evaluations,
-        "labels_off": [label for label in LABELS if thresholds[label] > 1.0],
-        "event_params": event_params.model_dump(),
-        "steps": steps,
+        "labels_off": [label for label in LABELS if search.thresholds[label] > 1.0],
+        "event_params": search.event_params.model_dump(),
+        "steps": search.steps,
     }
-    return thresholds, event_params, report
+    return search.thresholds, search.event_params, report

@@ -1,0 +1,555 @@
+"""The score engine: decode what the official metric rewards, label by label, learned on held-out videos.
+
+The metric (REFERENCE.md "The official metric") scores every (video, label) on its own and
+ranks a label's events by file order, so the submission is built label by label and the tuning
+decomposes the same way (one label's events never change another label's AP):
+
+1. **Regions** (mouth → colon) are one monotone path per video (`vce.post.anatomy.monotone_path`)
+   on *calibrated* emissions: a multinomial logistic regression from the five region logits to
+   the true region, fitted on the tuning frames, so the emission is log P(region | frame). The
+   switch penalty is picked on the tuning videos' region APs (`phase_regions`).
+2. A region's submission events, in rank order: its merged run, then boundary variants (start
+   and end moved as the tuning ground truth's fragments sit around decoded runs), then the run cut at the start and end of every other
+   label's events of the video (the official ground truth is cut wherever the set of active
+   labels changes: `make_json`). Candidates appended after a present label's first events can
+   only add to its AP (a later false positive adds a zero term; a later match adds
+   precision × recall step) — `tests/test_score.py` holds the scorer to that.
+3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
+   absent) and thresholded, median-filtered runs over a small grid, ranked by mean probability,
+   at most `top_k` per video; landmarks may also be `anchored`: events at offsets and lengths
+   from the decoded boundary they mark, learned from the tuning ground truth (`phase_labels`).
+4. **Presence per (video, label)**: a label is emitted in a video only when the video's evidence
+   (its decoded run length for a region, its strongest event's mean probability otherwise)
+   reaches a gate fitted on the tuning videos to maximise the label's summed AP, knowing that
+   an absent label left silent scores 1 and a present one 0 (`fit_gate`).
+
+`fit_engine` learns everything from the tuning videos' probabilities and ground truth only;
+`engine_submission` applies it to other videos and returns the metric-optimal submission and
+the clinical event list (one event per run, no appended candidates).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from vce.core.errors import DataError
+from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
+from vce.core.params import Section
+from vce.eval.score import THRESHOLDS, average_precisions
+from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
+from vce.post.events import Timeline, build_timeline, smooth_runs
+
+REGION_SET = set(REGIONS)
+
+
+class EngineParams(Section):
+    """`thresholds.engine`: what the score engine searches (its fitted values go to thresholds.json)."""
+
+    switch_penalties: list[float] = Field(min_length=1)  # region path: switch penalties tried (log-probability units)
+    region_variants: int = Field(ge=0)  # region candidates: learned (start, end) moves appended after the run
+    variant_reach: int = Field(ge=0)  # region candidates: learn from fragments within this many frames of a run end
+    region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
+    thresholds: list[float] = Field(min_length=1)  # findings/landmarks: run thresholds tried
+    median_windows: list[int] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
+    min_lengths: list[int] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
+    top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
+    anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
+    min_gain: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much summed AP
+    objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
+    calibration_frames: int = Field(ge=100)  # frames sampled to fit the region calibration
+
+
+@dataclass
+class Engine:
+    """The fitted decoder: region calibration and penalty, one policy per label (JSON via `to_dict`)."""
+
+    coef: list  # (5, 5) multinomial logistic regression weights on the region logits
+    intercept: list  # (5,)
+    switch_penalty: float
+    region_cuts: bool
+    top_k: int
+    policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|runs|anchored, knobs, "gate"}
+    report: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {key: getattr(self, key) for key in
+                ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies")}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "engine") -> Engine:
+        try:
+            engine = cls(**{key: data[key] for key in
+                            ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies")})
+        except (KeyError, TypeError) as err:
+            raise DataError(f"{where}: not a fitted score engine ({err})") from None
+        missing = [label for label in LABELS if label not in engine.policies]
+        if missing:
+            raise DataError(f"{where}: no policy for label(s) {missing}")
+        return engine
+
+
+# ----------------------------------------------------------------------------- regions
+
+
+def _logits(probs: np.ndarray) -> np.ndarray:
+    p = np.clip(np.nan_to_num(probs.astype(np.float64), nan=0.5), EMISSION_FLOOR, 1 - EMISSION_FLOOR)
+    return np.log(p) - np.log1p(-p)
+
+
+def region_truth(timeline: Timeline, gt: dict) -> np.ndarray:
+    """(P,) true region index (0..4) of every position from the ground-truth events, -1 unknown."""
+    truth = np.full(len(timeline.observed), -1, np.int64)
+    position_of = {video_id: v for v, video_id in enumerate(timeline.video_ids)}
+    bounds = np.append(timeline.video_first, len(truth))
+    for video in gt["videos"]:
+        v = position_of.get(str(video["video_id"]))
+        if v is None:
+            continue
+        lo, hi = int(bounds[v]), int(bounds[v + 1])
+        times = timeline.time[lo:hi]
+        for event in video["events"]:
+            for label in event["label"]:
+                if label in REGION_SET:
+                    a = lo + np.searchsorted(times, event["start"], side="left")
+                    b = lo + np.searchsorted(times, event["end"], side="right")
+                    truth[a:b] = REGIONS.index(label)
+    truth[~timeline.observed] = -1
+    return truth
+
+
+def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: int = 0) -> tuple[list, list]:
+    """Multinomial logistic regression region logits → true region on up to `n_frames` frames."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    known = np.flatnonzero(truth >= 0)
+    if len(known) > n_frames:
+        known = np.sort(np.random.default_rng(seed).choice(known, n_frames, replace=False))
+    classes = np.unique(truth[known])
+    if len(classes) < 2:  # nothing to learn: renormalised probabilities (identity on the logits)
+        return np.eye(len(REGIONS)).tolist(), [0.0] * len(REGIONS)
+    with threadpool_limits(1):  # a 5-feature problem: BLAS threads only contend on a shared machine
+        model = LogisticRegression(max_iter=300).fit(_logits(timeline.probs[REGION_ROWS][:, known].T), truth[known])
+    coef = np.full((len(REGIONS), len(REGIONS)), 0.0)
+    intercept = np.full(len(REGIONS), np.log(EMISSION_FLOOR))  # a region never seen: (almost) never decoded
+    coef[classes] = model.coef_ if len(classes) > 2 else np.vstack([-model.coef_[0], model.coef_[0]]) / 2
+    intercept[classes] = model.intercept_ if len(classes) > 2 else np.array([-1, 1]) * model.intercept_[0] / 2
+    return coef.tolist(), intercept.tolist()
+
+
+def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
+    """(P, 5) calibrated log P(region | frame); 0 where unobserved (no evidence)."""
+    z = _logits(timeline.probs[REGION_ROWS].T) @ np.asarray(coef).T + np.asarray(intercept)
+    z -= z.max(axis=1, keepdims=True)
+    scores = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    scores[~timeline.observed] = 0.0
+    return scores
+
+
+def _runs_of_path(path: np.ndarray, state: int) -> tuple[np.ndarray, np.ndarray]:
+    mask = (path == state).view(np.int8)
+    edges = np.diff(mask, prepend=np.int8(0), append=np.int8(0))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+
+
+# ----------------------------------------------------------------------------- candidates per label
+
+
+def _video_of(timeline: Timeline, positions: np.ndarray) -> np.ndarray:
+    return np.searchsorted(timeline.video_first, positions, side="right") - 1
+
+
+def _mean_probs(timeline: Timeline, k: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    if k not in timeline.prob_cums:
+        probs = np.nan_to_num(timeline.probs[k], nan=0.0)
+        timeline.prob_cums[k] = np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
+    cum = timeline.prob_cums[k]
+    frames = timeline.observed_cum[ends + 1] - timeline.observed_cum[starts]
+    return (cum[ends + 1] - cum[starts]) / np.maximum(frames, 1)
+
+
+@dataclass
+class Candidates:
+    """One label's ranked events per video (time units), and the video's evidence for the gate."""
+
+    events: list  # per video: list of (start, end) in rank order; the first `clinical[v]` are the clinical ones
+    clinical: list  # per video: how many leading events are the clean, one-per-run list
+    evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
+
+
+def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
+                   runs: tuple | None = None) -> Candidates:
+    """Thresholded, median-filtered runs of label k, most confident first, at most `top_k` per video.
+
+    `runs`: the (starts, ends) of that threshold and window when already computed (any length).
+    """
+    if runs is None:
+        runs = smooth_runs(timeline, timeline.probs[k] >= threshold, median_window, median_window // 2, 1)
+    starts, ends = runs
+    long_enough = ends - starts + 1 >= min_length
+    starts, ends = starts[long_enough], ends[long_enough]
+    confidence = _mean_probs(timeline, k, starts, ends)
+    video = _video_of(timeline, starts)
+    n_videos = len(timeline.video_ids)
+    evidence = np.full(n_videos, -np.inf)
+    np.maximum.at(evidence, video, confidence)
+    order = np.lexsort((starts, -confidence, video))
+    video = video[order]
+    first = np.searchsorted(video, np.arange(n_videos))
+    keep = np.arange(len(video)) - first[video] < top_k  # rank inside its video
+    kept_video, kept = video[keep], order[keep]
+    bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
+    spans = list(zip(timeline.time[starts[kept]].tolist(), timeline.time[ends[kept]].tolist()))
+    events = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
+    return Candidates(events, [len(e) for e in events], evidence)
+
+
+def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None) -> Candidates:
+    """Region `state`'s decoded run per video, then its `variants` ((start move, end move),
+    `learn_variants`), then its cut pieces.
+
+    `cuts`: per video, sorted event times where another label's event starts or ends + 1.
+    """
+    starts, ends = _runs_of_path(path, state)
+    n_videos = len(timeline.video_ids)
+    events: list = [[] for _ in range(n_videos)]
+    clinical = [0] * n_videos
+    evidence = np.full(n_videos, -np.inf)
+    for v, s, e in zip(_video_of(timeline, starts).tolist(), starts.tolist(), ends.tolist()):
+        frames = int(timeline.observed_cum[e + 1] - timeline.observed_cum[s])
+        start, end = int(timeline.time[s]), int(timeline.time[e])
+        ranked = [(start, end)]
+        for a, b in variants:
+            if start + a <= end + b and (start + a, end + b) not in ranked:
+                ranked.append((start + a, end + b))
+        if cuts is not None and v in cuts:
+            inner = [c for c in cuts[v] if start < c <= end]
+            edges = [start, *inner, end + 1]
+            pieces = [(a, b - 1) for a, b in zip(edges[:-1], edges[1:]) if b - 1 >= a]
+            if len(pieces) > 1:
+                seen = set(ranked)
+                ranked += [p for p in sorted(pieces, key=lambda p: p[0] - p[1]) if p not in seen]
+        events[v] = ranked
+        clinical[v] = 1
+        evidence[v] = frames
+    return Candidates(events, clinical, evidence)
+
+
+def anchored_candidates(timeline: Timeline, path: np.ndarray, landmark: str, anchors: list) -> Candidates:
+    """Landmark events at (offset, length) from the decoded boundary it marks, in `anchors` order."""
+    region_after = REGIONS.index(LANDMARKS[landmark][1])
+    crossings = boundaries(path, region_after)
+    n_videos = len(timeline.video_ids)
+    events: list = [[] for _ in range(n_videos)]
+    clinical = [0] * n_videos
+    evidence = np.full(n_videos, -np.inf)
+    for v, c in zip(_video_of(timeline, crossings).tolist(), crossings.tolist()):
+        if events[v]:
+            continue  # one boundary per video (a monotone path crosses it once)
+        at = int(timeline.time[c])
+        events[v] = [(at + offset, at + offset + length - 1) for offset, length in anchors]
+        clinical[v] = 1
+        evidence[v] = 1.0
+    return Candidates(events, clinical, evidence)
+
+
+def learn_anchors(timeline: Timeline, path: np.ndarray, gt: dict, landmark: str, n: int) -> list:
+    """Up to `n` (offset, length) from the decoded boundary that `landmark` marks, matching its
+    ground-truth events in the most tuning videos (`_greedy_cover`)."""
+    if n == 0:
+        return []
+    crossings = boundaries(path, REGIONS.index(LANDMARKS[landmark][1]))
+    crossing_of = {}
+    for v, c in zip(_video_of(timeline, crossings).tolist(), crossings.tolist()):
+        crossing_of.setdefault(timeline.video_ids[v], int(timeline.time[c]))
+    rows = []  # (boundary, event start, event end)
+    for video in gt["videos"]:
+        at = crossing_of.get(str(video["video_id"]))
+        if at is not None:
+            rows += [(at, e["start"], e["end"]) for e in video["events"] if landmark in e["label"]]
+    if not rows:
+        return []
+    table = np.array(rows, np.int64)
+    options = np.unique(np.stack([table[:, 1] - table[:, 0], table[:, 2] - table[:, 1] + 1], axis=1), axis=0)
+    return _greedy_cover(options, lambda o: (table[:, 0] + o[0], table[:, 0] + o[0] + o[1] - 1), table[:, 1:], n)
+
+
+def _greedy_cover(options: np.ndarray, predict, truth: np.ndarray, n: int) -> list:
+    """Up to `n` options, each the one whose prediction matches (tIoU >= 0.5 and >= 0.95, both
+    counted) the most ground-truth spans not matched yet; two spans at least."""
+    chosen, unmatched = [], {t: np.ones(len(truth), bool) for t in THRESHOLDS}
+    options = [tuple(o) for o in options]
+    while len(chosen) < n and options:
+        best, best_value, best_hits = None, 0, None
+        for option in options:
+            a, b = predict(option)  # (F,) predicted span per ground-truth span
+            inter = np.maximum(0, np.minimum(b, truth[:, 1]) - np.maximum(a, truth[:, 0]) + 1)
+            union = (b - a + 1) + (truth[:, 1] - truth[:, 0] + 1) - inter
+            iou = inter / np.maximum(union, 1)
+            hits = {t: (iou >= t) & unmatched[t] for t in THRESHOLDS}
+            value = sum(int(h.sum()) for h in hits.values())
+            if value > best_value and hits[THRESHOLDS[0]].sum() >= 2:
+                best, best_value, best_hits = option, value, hits
+        if best is None:
+            break
+        chosen.append([int(x) for x in best])
+        options.remove(best)
+        for t in THRESHOLDS:
+            unmatched[t] &= ~best_hits[t]
+    return chosen
+
+
+def learn_variants(timeline: Timeline, path: np.ndarray, gt: dict, state: int, n: int, reach: int) -> list:
+    """Up to `n` (start move, end move) of a decoded region run that match its ground-truth
+    fragments in the most tuning videos (`_greedy_cover`); fragments within `reach` frames of
+    the run's ends only (the ground truth cuts a region wherever another label starts or ends)."""
+    if n == 0:
+        return []
+    region = REGIONS[state]
+    starts, ends = _runs_of_path(path, state)
+    run_of = {timeline.video_ids[v]: (int(timeline.time[s]), int(timeline.time[e]))
+              for v, s, e in zip(_video_of(timeline, starts).tolist(), starts.tolist(), ends.tolist())}
+    rows = []  # (run start, run end, fragment start, fragment end)
+    for video in gt["videos"]:
+        run = run_of.get(str(video["video_id"]))
+        if run is not None:
+            rows += [(*run, e["start"], e["end"]) for e in video["events"] if region in e["label"]]
+    if not rows:
+        return []
+    table = np.array(rows, np.int64)
+    moves = table[:, 2:] - table[:, :2]
+    near = (np.abs(moves[:, 0]) <= reach) | (np.abs(moves[:, 1]) <= reach)
+    options = np.unique(moves[near & ((moves != 0).any(axis=1))], axis=0)
+    return _greedy_cover(options, lambda o: (table[:, 0] + o[0], table[:, 1] + o[1]), table[:, 2:], n)
+
+
+# ----------------------------------------------------------------------------- scoring one label
+
+
+def _label_submission(video_ids: list, label: str, events: list) -> dict:
+    return {"videos": [{"video_id": video_id, "events": [{"start": s, "end": e, "label": [label]} for s, e in spans]}
+                       for video_id, spans in zip(video_ids, events)]}
+
+
+class LabelObjective:
+    """Per-video AP of one label's candidates on the tuning videos (objective over the thresholds)."""
+
+    def __init__(self, timeline: Timeline, gt: dict, objective: str):
+        self.video_ids = timeline.video_ids
+        by_id = {str(video["video_id"]): video for video in gt["videos"]}
+        missing = [v for v in self.video_ids if v not in by_id]
+        if missing:
+            raise DataError(f"score engine: ground truth lacks video(s) {missing[:5]} present in the frame probabilities")
+        self.weights = {"mean": {0.5: 0.5, 0.95: 0.5}, "map@0.5": {0.5: 1.0, 0.95: 0.0}, "map@0.95": {0.5: 0.0, 0.95: 1.0}}[objective]
+        scored, _ = average_precisions({"videos": [by_id[v] for v in self.video_ids]}, {"videos": []})
+        self.scored = np.isin(self.video_ids, scored)  # a video without any labelled event is not scored
+        # Per label, the ground truth of that label alone (the scorer's work shrinks to it); one
+        # placeholder event of another label keeps every video scored.
+        self.gt = {}
+        for k, label in enumerate(LABELS):
+            placeholder = {"start": 0, "end": 0, "label": [LABELS[(k + 1) % NUM_LABELS]]}
+            self.gt[label] = {"videos": [
+                {"video_id": v, "events": [{"start": e["start"], "end": e["end"], "label": [label]}
+                                           for e in by_id[v]["events"] if label in e["label"]] + [placeholder]}
+                for v in np.array(self.video_ids)[self.scored].tolist()]}
+        self.present = {label: np.array([any(label in e["label"] for e in by_id[v]["events"]) for v in self.video_ids])
+                        for label in LABELS}
+        self.evaluations = 0
+
+    def per_video(self, label: str, events: list) -> np.ndarray:
+        """(V,) objective AP of `label` per tuning video when every video emits its `events`."""
+        self.evaluations += 1
+        _, aps = average_precisions(self.gt[label], _label_submission(self.video_ids, label, events))
+        k = LABEL_INDEX[label]
+        out = np.zeros(len(self.video_ids))
+        out[self.scored] = sum(self.weights[t] * aps[t][:, k] for t in THRESHOLDS)
+        return out
+
+    def silent(self, label: str) -> np.ndarray:
+        """(V,) AP of leaving `label` out: 1 where absent, 0 where present."""
+        return (~self.present[label]).astype(float)
+
+
+def fit_gate(evidence: np.ndarray, emitted: np.ndarray, silent: np.ndarray) -> tuple[float, float]:
+    """Gate g maximising sum_v (emitted_v if evidence_v >= g else silent_v): (g, that sum).
+
+    g = inf emits nothing; a chosen g is the midpoint below the weakest admitted video's evidence.
+    """
+    order = np.argsort(-evidence, kind="stable")
+    gain = np.cumsum((emitted - silent)[order])
+    can = np.isfinite(evidence[order])
+    base = float(silent.sum())
+    if not can.any() or gain[can].max() <= 1e-12:
+        return float("inf"), base
+    i = int(np.flatnonzero(can)[np.argmax(gain[can])])
+    lowest = evidence[order[i]]
+    below = evidence[order[i + 1]] if i + 1 < len(order) and np.isfinite(evidence[order[i + 1]]) else None
+    gate = float((lowest + below) / 2) if below is not None else float(lowest)
+    return gate, base + float(gain[i])
+
+
+def gated(candidates: Candidates, gate: float) -> Candidates:
+    keep = candidates.evidence >= gate
+    return Candidates([e if k else [] for e, k in zip(candidates.events, keep)],
+                      [c if k else 0 for c, k in zip(candidates.clinical, keep)], candidates.evidence)
+
+
+# ----------------------------------------------------------------------------- fitting (phases)
+
+
+def phase_regions(timeline, objective: LabelObjective, params: EngineParams, coef, intercept):
+    """Pick the switch penalty (and each region's gate) on the summed region APs of the tuning videos."""
+    scores = region_emissions(timeline, coef, intercept)
+    best = None
+    for penalty in params.switch_penalties:
+        path = decode_regions(timeline, scores, float(penalty))
+        total, policies = 0.0, {}
+        for state, region in enumerate(REGIONS):
+            candidates = region_candidates(timeline, path, state, [], None)
+            gate, value = fit_gate(candidates.evidence, objective.per_video(region, candidates.events), objective.silent(region))
+            total += value
+            policies[region] = {"kind": "region", "gate": gate}
+        if best is None or total > best[0] + 1e-12:
+            best = (total, float(penalty), path, policies)
+    return best
+
+
+def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict) -> dict:
+    """Per finding / landmark: the best of off, thresholded runs (grid) and, for landmarks, anchors."""
+    policies = {}
+    for label in LABELS:
+        if label in REGION_SET:
+            continue
+        k = LABEL_INDEX[label]
+        silent = objective.silent(label)
+        best = (float(silent.sum()) + params.min_gain, {"kind": "off"})  # beat silence by min_gain
+        for threshold in params.thresholds:
+            for window in params.median_windows:
+                runs = smooth_runs(timeline, timeline.probs[k] >= threshold, window, window // 2, 1)
+                for min_length in params.min_lengths:
+                    candidates = run_candidates(timeline, k, threshold, window, min_length, params.top_k, runs)
+                    if not np.isfinite(candidates.evidence).any():
+                        continue
+                    gate, value = fit_gate(candidates.evidence, objective.per_video(label, candidates.events), silent)
+                    if value > best[0] + 1e-12:
+                        best = (value, {"kind": "runs", "threshold": float(threshold), "median_window": int(window),
+                                        "min_length": int(min_length), "gate": gate})
+        if label in LANDMARKS and params.anchor_candidates > 0:
+            value = _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
+            anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
+            if anchors and value > best[0] + 1e-12:
+                best = (value, {"kind": "anchored", "anchors": anchors, "gate": 0.0})
+        value = best[0] - params.min_gain if best[1]["kind"] == "off" else best[0]
+        policies[label] = {**best[1], "tuning_ap": round(value / max(len(silent), 1), 4)}
+    return policies
+
+
+def _cross_fitted_anchors(timeline, objective: LabelObjective, path, gt: dict, label: str, n: int) -> float:
+    """Summed AP of anchored events when the anchors of each half of the tuning videos are learned
+    on the other half (anchors are free-form: their in-sample AP flatters them)."""
+    videos = {str(video["video_id"]): video for video in gt["videos"]}
+    fold = np.arange(len(timeline.video_ids)) % 2
+    total = 0.0
+    for f in (0, 1):
+        learn_on = {"videos": [videos[v] for v, g in zip(timeline.video_ids, fold) if g != f and v in videos]}
+        anchors = learn_anchors(timeline, path, learn_on, label, n)
+        if anchors:
+            per_video = objective.per_video(label, anchored_candidates(timeline, path, label, anchors).events)
+        else:
+            per_video = objective.silent(label)
+        total += float(per_video[fold == f].sum())
+    return total
+
+
+def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> Engine:
+    """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`)."""
+    began = time.perf_counter()
+    objective = LabelObjective(timeline, gt, params.objective)
+    coef, intercept = fit_calibration(timeline, region_truth(timeline, gt), params.calibration_frames, seed)
+    _, penalty, path, region_policies = phase_regions(timeline, objective, params, coef, intercept)
+    label_policies = phase_labels(timeline, objective, params, path, gt)
+    for state, region in enumerate(REGIONS):
+        region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
+                                                             params.variant_reach)
+    engine = Engine(coef, intercept, penalty, params.region_cuts, params.top_k,
+                    {label: {**region_policies, **label_policies}[label] for label in LABELS})
+    # The region gates again, now with the variants and cut pieces appended.
+    candidates = _all_candidates(timeline, engine, path, gate_regions=False)
+    for region in REGIONS:
+        c = candidates[region]
+        gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
+        engine.policies[region].update(gate=gate, tuning_ap=round(value / max(len(c.evidence), 1), 4))
+    engine.report = {"seconds": round(time.perf_counter() - began, 1), "evaluations": objective.evaluations,
+                     "switch_penalty": penalty}
+    return engine
+
+
+# ----------------------------------------------------------------------------- applying
+
+
+def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_regions: bool = True) -> dict:
+    """Gated candidates of every label: findings and landmarks first, regions cut at their events."""
+    out = {}
+    for label in LABELS:
+        policy = engine.policies[label]
+        k = LABEL_INDEX[label]
+        if policy["kind"] == "runs":
+            c = run_candidates(timeline, k, policy["threshold"], policy["median_window"], policy["min_length"], engine.top_k)
+        elif policy["kind"] == "anchored":
+            c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
+        else:
+            continue
+        out[label] = gated(c, policy["gate"])
+    cuts = None
+    if engine.region_cuts:
+        cuts = {}
+        for c in out.values():
+            for v, (events, n) in enumerate(zip(c.events, c.clinical)):
+                for s, e in events[:n]:
+                    cuts.setdefault(v, set()).update((s, e + 1))
+        cuts = {v: sorted(times) for v, times in cuts.items()}
+    for state, region in enumerate(REGIONS):
+        policy = engine.policies[region]
+        c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts)
+        out[region] = gated(c, policy["gate"]) if gate_regions else c
+    return out
+
+
+def engine_submission(frame_probs: pd.DataFrame, engine: Engine, time_col: str = "t") -> tuple[dict, dict]:
+    """(metric-optimal submission, clinical event list) for the videos of `frame_probs`."""
+    timeline = build_timeline(frame_probs, time_col, max_reach=_reach(engine))
+    return engine_submission_on(timeline, engine)
+
+
+def _reach(engine: Engine) -> int:
+    return max([1] + [p["median_window"] // 2 for p in engine.policies.values() if p["kind"] == "runs"])
+
+
+def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
+    path = decode_regions(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty)
+    candidates = _all_candidates(timeline, engine, path)
+    submission, clinical = [], []
+    for v, video_id in enumerate(timeline.video_ids):
+        ranked, clean = [], []
+        for label in LABELS:
+            if label not in candidates:
+                continue
+            c = candidates[label]
+            ranked += [{"start": s, "end": e, "label": [label]} for s, e in c.events[v]]
+            clean += [{"start": s, "end": e, "label": [label]} for s, e in c.events[v][: c.clinical[v]]]
+        submission.append({"video_id": video_id, "events": ranked})
+        clinical.append({"video_id": video_id, "events": sorted(clean, key=lambda e: (e["start"], e["end"], e["label"]))})
+    return {"videos": submission}, {"videos": clinical}
+
+
+def tuning_timeline(frame_probs: pd.DataFrame, params: EngineParams, time_col: str = "t") -> Timeline:
+    return build_timeline(frame_probs, time_col, max_reach=max(max(params.median_windows) // 2, 1))
+
+
+__all__ = ["Engine", "EngineParams", "engine_submission", "fit_engine", "tuning_timeline", "NUM_LABELS"]
