@@ -15,6 +15,7 @@ from vce.core.labels import LABELS
 from vce.core.params import from_dict
 from vce.data.folds import fold_frames
 from vce.data.split import SplitParams
+from vce.infer import detect
 from vce.infer.ensemble import check_coverage
 from vce.model import checkpoint
 
@@ -122,7 +123,9 @@ def test_test_set_gets_every_folds_probabilities_fused(three_folds):
                                atol=2e-3)
 
 
-def test_the_later_stages_run_on_the_fold_ensemble(three_folds):
+@pytest.fixture(scope="module")
+def downstream(three_folds):
+    """temporal, thresholds, events and score on the fold ensemble (dvc.yaml's commands)."""
     tmp_path, args = three_folds
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     params["temporal"].update(steps=5)
@@ -134,9 +137,33 @@ def test_the_later_stages_run_on_the_fold_ensemble(three_folds):
             if flag in argv:
                 argv[argv.index(flag) + 1] = value
         assert load_stage(name).main(argv) == 0, name
+    return tmp_path, args
+
+
+def test_the_later_stages_run_on_the_fold_ensemble(downstream):
+    tmp_path, _ = downstream
     submitted = json.loads((tmp_path / "events/val.json").read_text())
     frames = pd.read_parquet(tmp_path / "split/frames.parquet")
     assert {v["video_id"] for v in submitted["videos"]} == set(frames["video_id"])  # every labelled video scored
+    assert json.loads((tmp_path / "metrics/temporal.json").read_text())["train_videos"] == frames["video_id"].nunique()
+
+
+def test_detect_on_one_exam_folder_gives_the_pipelines_events(downstream, tmp_path):
+    root, args = downstream
+    test = pd.read_parquet(root / "index/test.parquet")
+    (video,) = test["video_id"].unique()
+    exam = next((root / "demo/test").rglob(video))
+    out = tmp_path / "events.json"
+    argv = [str(exam), "--out", str(out), "--params", str(root / "params.yaml"),
+            "--models", *[str(root / f"models/folds/{k}/model.pt") for k in range(3)],
+            "--ensemble", str(root / "metrics/ensemble.json"), "--temporal", str(root / "models/temporal.pt"),
+            "--thresholds", str(root / "models/thresholds.json")]
+    assert json.loads((root / "models/thresholds.json").read_text())["probs"] == "temporal"
+    assert detect.main(argv) == 0
+    assert json.loads(out.read_text()) == json.loads((root / "events/submission.json").read_text())
+    # one model only: other probabilities, still a valid submission for that video
+    assert detect.main(argv[:argv.index("--models") + 2] + argv[argv.index("--ensemble"):]) == 0
+    assert [v["video_id"] for v in json.loads(out.read_text())["videos"]] == [video]
 
 
 def test_predicting_with_a_model_that_saw_the_held_out_videos_is_refused(three_folds, tmp_path):

@@ -214,3 +214,24 @@ def probs_frame(seq: Sequences, probs: np.ndarray) -> pd.DataFrame:
         table[label] = probs[:, k].astype(np.float32)
     table["valid"] = seq.valid.astype(bool)
     return table
+
+
+def save_temporal(path, model: TemporalConvNet | None, params: TemporalParams) -> None:
+    """The trained sequence model (or, when the stage is disabled, a file that says so)."""
+    from vce.model.checkpoint import save
+
+    state = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    save(path, {"enabled": model is not None, "params": params.model_dump(), "state_dict": state,
+                "embed_dim": None if model is None else int(model.mean.numel())})
+
+
+def load_temporal(path) -> TemporalConvNet | None:
+    """The model `save_temporal` wrote (eval mode, CPU), or None when the stage was disabled."""
+    from vce.model.checkpoint import load
+
+    payload = load(path)
+    if not payload.get("enabled"):
+        return None
+    model = TemporalConvNet(payload["embed_dim"], TemporalParams.model_validate(payload["params"]))
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()

@@ -1,0 +1,134 @@
+"""Events of one exam folder, outside the DVC graph: the trained fold models + the tuned post-processing.
+
+    python -m vce.infer.detect EXAM_FOLDER --out events.json
+        [--models models/folds/0/model.pt ...] [--ensemble metrics/ensemble.json]
+        [--temporal models/temporal.pt] [--thresholds models/thresholds.json] [--params params.yaml]
+
+EXAM_FOLDER holds one video's frames named like the RARE-VISION test set (`frame_<n>.png`);
+its folder name is the video id. Every model in `--models` (default: every
+`models/folds/*/model.pt`) predicts every frame; their probabilities are fused with the
+ensemble stage's weights (`--ensemble`, when it names as many folds; else the mean); the
+temporal model refines them when `models/thresholds.json` was tuned on temporal
+probabilities; then the thresholds and event post-processing the thresholds stage tuned turn
+them into events. Writes the official submission JSON (one video) to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from vce.core import runner
+from vce.core.contracts import read_index
+from vce.core.errors import DataError
+from vce.core.io import write_json
+from vce.core.labels import LABELS, check_labels
+from vce.core.params import from_dict, load_params
+from vce.data.frame_files import IndexReport
+from vce.data.index import DataParams, index_test_video
+from vce.infer.ensemble import fuse, fuse_embeddings
+from vce.infer.predict import PredictParams, predict_frames
+from vce.infer.temporal import align, build_sequences, load_temporal, probs_frame, read_embeddings, refine
+from vce.model import checkpoint
+from vce.model.device import resolve_device
+from vce.post.events import EventParams, probs_to_submission
+from vce.post.timeline import join_probs
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("exam", help="folder of one video's frames (frame_<n>.png)")
+    parser.add_argument("--out", required=True, help="events JSON to write (the official submission format)")
+    parser.add_argument("--models", nargs="+", default=None, help="default: models/folds/*/model.pt")
+    parser.add_argument("--ensemble", default="metrics/ensemble.json", help="fusion weights (ensemble stage)")
+    parser.add_argument("--temporal", default="models/temporal.pt", help="temporal model (temporal stage)")
+    parser.add_argument("--thresholds", default="models/thresholds.json", help="tuned thresholds and events")
+    parser.add_argument("--params", default="params.yaml", help="data, predict and events sections")
+    return parser.parse_args(argv)
+
+
+def exam_frames(folder: Path, data: DataParams) -> pd.DataFrame:
+    if not folder.is_dir():
+        raise DataError(f"exam folder not found: {folder}")
+    report = IndexReport(data.report_examples)
+    frames = index_test_video(folder, None, folder.parent, data, report)
+    if frames is None or frames.empty:
+        raise DataError(f"{folder}: no frame files (expected frame_<n>.png)")
+    return frames
+
+
+def fusion_weights(path: Path, n_models: int) -> np.ndarray:
+    """(F, 17): the ensemble stage's weights when they are for `n_models` folds, else the mean."""
+    if path.is_file():
+        saved = json.loads(path.read_text()).get("weights", {})
+        if saved and all(len(saved.get(label, [])) == n_models for label in LABELS):
+            return np.array([saved[label] for label in LABELS], dtype=np.float64).T
+    return np.full((n_models, len(LABELS)), 1.0 / n_models)
+
+
+def load_tuned(path: Path) -> tuple[dict, dict | None, str]:
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"thresholds file not found: {path} (run the pipeline's thresholds stage)") from None
+    thresholds = saved.get("thresholds")
+    if not isinstance(thresholds, dict):
+        raise DataError(f"{path}: no 'thresholds' mapping (run the thresholds stage)")
+    check_labels(thresholds, str(path))
+    return thresholds, saved.get("events"), saved.get("probs", "frame")
+
+
+@runner.stage
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    params = load_params(args.params)
+    data = from_dict(DataParams, params["data"], "data")
+    predict_params = from_dict(PredictParams, params["predict"], "predict")
+    thresholds, tuned, source = load_tuned(Path(args.thresholds))
+    event_params = from_dict(EventParams, tuned or params["events"], f"{args.thresholds}:events" if tuned else "events")
+    models = args.models or sorted(str(p) for p in Path("models/folds").glob("*/model.pt"))
+    if not models:
+        raise DataError("no models: pass --models or train the pipeline (models/folds/<k>/model.pt)")
+    temporal = None
+    if source == "temporal":
+        temporal = load_temporal(args.temporal)
+        if temporal is None:
+            raise DataError(f"{args.thresholds} was tuned on temporal probabilities but {args.temporal} "
+                            "holds no trained temporal model")
+    folder = Path(args.exam)
+    frames = exam_frames(folder, data)
+    device = resolve_device(predict_params.device)
+    with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp:
+        tmp = Path(tmp)
+        probs_paths, emb_paths = [], []
+        for i, path in enumerate(models):
+            model, _ = checkpoint.load_model(path, device)
+            probs_paths.append(tmp / f"{i}.parquet")
+            emb_paths.append(tmp / f"{i}_embeddings.parquet")
+            predict_frames(model, frames, folder.parent, probs_paths[-1], predict_params, device,
+                           emb_paths[-1] if temporal is not None else None, desc=f"detect ({Path(path).parent.name})")
+        fuse(probs_paths, fusion_weights(Path(args.ensemble), len(models)), tmp / "fused.parquet")
+        probs = read_index(tmp / "fused.parquet")
+        if temporal is not None:
+            fuse_embeddings(emb_paths, tmp / "fused_embeddings.parquet")
+            rows, embeddings = read_embeddings(tmp / "fused_embeddings.parquet")
+            valid = align(rows, probs, ["valid"], "the fused probabilities")["valid"].to_numpy(bool)
+            seq = build_sequences(rows, embeddings, valid)
+            probs = probs_frame(seq, refine(temporal.to(device), seq, device))
+    joined, _ = join_probs(probs, frames)
+    submission = probs_to_submission(joined, thresholds, event_params)
+    write_json(args.out, submission, indent=None)
+    events = sum(len(v["events"]) for v in submission["videos"])
+    print(f"{folder.name}: {len(frames)} frames, {len(models)} model(s), {source} probabilities → "
+          f"{events} event(s) in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
