@@ -20,9 +20,11 @@ import numpy as np
 
 from bench.simulate import frame_labels_from_events
 from vce.core.labels import LABELS
+from vce.core.params import load_section
 from vce.post.events import EventParams, probs_to_submission
 
 ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"  # every knob not changed here is the file's
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "galar_gt_events.json"
 
@@ -40,9 +42,10 @@ def main(argv=None) -> int:
     thresholds = {label: 0.5 for label in LABELS}
     results = {"frames": len(frame_probs), "labels": len(LABELS)}
     for name, params in {
-        "defaults": EventParams(),
-        "seed_recipe": EventParams(median_window=7, fill_gap=5, min_length=3, presence="none"),
-        "per_label": EventParams(style="per_label"),
+        "params.yaml": load_section(PARAMS, "events", EventParams),
+        "seed_recipe": load_section(PARAMS, "events", EventParams, median_window=7, fill_gap=5, min_length=3,
+                                    presence="none"),
+        "per_label": load_section(PARAMS, "events", EventParams, style="per_label"),
     }.items():
         seconds = []
         for _ in range(args.repeats):

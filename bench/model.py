@@ -24,11 +24,13 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from vce.core.labels import NUM_LABELS
+from vce.core.params import load_section
 from vce.model.clip_source import resolve_source
 from vce.model.frame_model import ModelParams, create_model
 
@@ -48,7 +50,9 @@ def parse_args(argv):
 
 def build(variant: str, source: str, device: torch.device):
     embed_dim = resolve_source(source)[0]["model_cfg"]["embed_dim"]
-    model = create_model(ModelParams(source=source, diff_attention=variant != "plain"),
+    params = load_section(Path(__file__).resolve().parents[1] / "params.yaml", "model", ModelParams,
+                          source=source, diff_attention=variant != "plain")  # other knobs: the file's
+    model = create_model(params,
                          torch.randn(NUM_LABELS, embed_dim))
     return model.to(device)
 

@@ -31,12 +31,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from vce.core.params import load_section
 from vce.data.frame_cache import CacheParams, FrameCache, build_cache
 from vce.data.frames import available_decoders, decode_frame
 from vce.infer.predict import PredictParams, predict_frames
 from vce.model.frame_model import ModelParams, create_model
 
 ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"  # every knob not changed here is the file's
 
 STILLS = ROOT.parent / "shared" / "fixtures" / "wcebleedgen" / "frames"
 
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     result["generate_seconds"] = round(time.perf_counter() - start, 1)
     result["mean_png_kb"] = round(float(np.mean([(folder / p).stat().st_size for p in frames["path"][:200]])) / 1e3, 1)
 
-    model = create_model(ModelParams(source=args.source)).to(device).eval()
+    model = create_model(load_section(PARAMS, "model", ModelParams, source=args.source)).to(device).eval()
     size = model.preprocess["image_size"]
     decode_paths = frames["path"].to_numpy()[: args.decode_frames]
     result["decode_fps"] = {name: round(decode_ceiling(folder, decode_paths, size, name, args.workers, args.batch), 1)
@@ -147,7 +149,8 @@ def main(argv=None) -> int:
     result["model_only_fps"] = round(model_only(model, device, args.batch, size, True), 1)
 
     decoder = args.decoder or best
-    params = PredictParams(batch_size=args.batch, num_workers=args.workers, compile=args.compile, decoder=decoder)
+    params = load_section(PARAMS, "predict", PredictParams, batch_size=args.batch, num_workers=args.workers,
+                          compile=args.compile, decoder=decoder, embeddings=False, tta_flip=False)
     out = folder / "probs.parquet"
     warm = frames.iloc[: args.batch * 4]
     predict_frames(model, warm, folder, out, params, device)  # workers, compile, cudnn warm-up
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     build_cache(frames.assign(root=str(folder)), folder / "cache",
-                CacheParams(size=size, num_workers=args.workers, decoder=decoder, interpolation="bicubic"))
+                load_section(PARAMS, "cache", CacheParams, size=size, num_workers=args.workers, decoder=decoder,
+                             interpolation="bicubic"))
     cache_seconds = time.perf_counter() - start
     cache = FrameCache.open(folder / "cache")
     predict_frames(model, warm, folder, out, params, device, cache=cache)

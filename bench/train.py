@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 
 from vce.core.labels import NUM_LABELS
+from vce.core.params import load_section
 from vce.data.dataset import (
     eval_transform,
     rarest_label_weights,
@@ -39,6 +40,7 @@ from vce.train.losses import LossParams, VCELoss
 from vce.train.trainer import Trainer, TrainParams
 
 ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"  # every knob not changed here is the file's
 
 STILLS = ROOT.parent / "shared" / "fixtures" / "wcebleedgen" / "frames"
 
@@ -93,14 +95,15 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     device_name = "auto"
-    model_params = ModelParams(source=args.source)
+    model_params = load_section(PARAMS, "model", ModelParams, source=args.source)
     prompts = torch.randn(NUM_LABELS, 1, 64 if args.source == "tiny" else 512)
     model = create_model(model_params, prompts)
     size = model.preprocess["image_size"]
     labels = synthetic_labels(args.frames, 0)
-    loss_fn = VCELoss(LossParams(), torch.from_numpy(labels.mean(0)).float())
-    params = TrainParams(batch_size=args.batch, num_workers=args.workers, device=device_name, compile=args.compile,
-                         samples_per_epoch=args.batch * (args.steps * 2 + 10))
+    loss_fn = VCELoss(load_section(PARAMS, "loss", LossParams), torch.from_numpy(labels.mean(0)).float())
+    params = load_section(PARAMS, "train", TrainParams, batch_size=args.batch, num_workers=args.workers,
+                          device=device_name, compile=args.compile,
+                          samples_per_epoch=args.batch * (args.steps * 2 + 10))
     with tempfile.TemporaryDirectory(prefix="vce_bench_train_") as tmp:
         start = time.perf_counter()
         cache = write_cache(Path(tmp) / "cache", args.frames, args.cache_size, args.stills)

@@ -324,6 +324,14 @@ def test_section_params_helper_merges_nested_overrides():
     assert train.augment.hflip == repo_params()["train"]["augment"]["hflip"]
 
 
+def test_load_section_overrides_are_validated_like_the_file():
+    assert load_section(ROOT / "params.yaml", "cache", CacheParams, size=64).size == 64
+    with pytest.raises(ParamsError, match=r"^cache.size = 4: must be >= 8$"):
+        load_section(ROOT / "params.yaml", "cache", CacheParams, size=4)
+    with pytest.raises(ParamsError, match=r"^train.lr_head = '2.5E\+3': a string, not a number: write it without"):
+        load_section(ROOT / "params.yaml", "train", TrainParams, lr_head="2.5E+3")
+
+
 def test_write_params_helper_keeps_every_other_key(tmp_path):
     path = write_params(tmp_path / "p.yaml", train={"epochs": 1})
     params = load_params(path)

@@ -2,8 +2,12 @@
 
 `params.yaml` is the ONE source of parameter values: the `Section` classes declare types,
 ranges (`Field(ge=…)`), literals and cross-field rules, but no defaults. A key missing from
-the file is an error, so no value in the code can silently change a result; to add a knob,
-add the field here (no default) and the key with a one-line comment to `params.yaml`.
+the file is an error, so no value in the code can silently change a result (issue 13 offered
+"defaults generated from the file" as the alternative; one source is simpler to hold). To add a
+knob: a field without default in its section's class, and the key with a one-line comment in
+`params.yaml` (tests/test_params.py fails on either alone). Validation is pydantic's, not
+hand-written `check()` methods: types, `Field(ge=…)` ranges and `Literal` choices are declared
+once, where the field is; only cross-field rules are model validators (`Section.require`).
 
 Each stage reads its sections once, before any heavy work:
 ``cfg = load_section("params.yaml", "train", TrainParams)`` or
@@ -14,7 +18,7 @@ Every problem is one `ParamsError` line naming the full key path and what is all
     missing key train.lr_head in params
     unknown key train.epoch; known keys: [augment, batch_size, …]
     train.augment.rotation = '1e-3': a string, not a number: write 1.0e-3 (YAML reads 1e-3 as text)
-    params.yaml: unknown top-level key 'epochs'; known sections: [base, cache, …]
+    params.yaml: unknown top-level key 'epochs'; known sections: [base, demo, data, …]
 
 `load_params` also rejects duplicate keys (YAML would keep the last silently), unknown and
 missing sections. Models are frozen; derive a changed copy with `Section.replace(**changes)`,
@@ -205,8 +209,9 @@ def explain(error: dict) -> str:
     kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
     if _looks_numeric(value) and kind in ("float_type", "int_type"):
         mantissa, _, exponent = value.lower().partition("e")
-        example = f"{float(mantissa):.1f}e{exponent}" if exponent and "." not in mantissa else value
-        return f"a string, not a number: write {example} (YAML reads {value} as text)"
+        if exponent and "." not in mantissa:  # YAML 1.1 reads 1e-3 as text, 1.0e-3 as a number
+            return f"a string, not a number: write {float(mantissa):.1f}e{exponent} (YAML reads {value} as text)"
+        return "a string, not a number: write it without quotes"
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
         limit = next(iter(ctx.values()))
@@ -287,9 +292,20 @@ def from_dict(cls, values: dict, section: str):
         raise ParamsError(_message(cls, section, first, values)) from None
 
 
-def load_section(path, section: str, cls):
-    """Validate the whole file's root, then one section as `cls`."""
-    return from_dict(cls, load_params(path)[section], section)
+def load_section(path, section: str, cls, **overrides):
+    """Validate the whole file's root, then one section as `cls` (with `overrides` of its keys).
+
+    A nested mapping in `overrides` is merged one level down (``augment={"rotation": 0.0}``
+    keeps the file's other augment keys): benchmarks and tests change a knob, never a default.
+    """
+    values = load_params(path)[section]
+    if not isinstance(values, dict):
+        return from_dict(cls, values, section)  # its one-line error
+    values = dict(values)
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(values.get(key), dict)
+        values[key] = {**values[key], **value} if nested else value
+    return from_dict(cls, values, section)
 
 
 def require(condition: bool, key: str, message: str) -> None:
