@@ -15,8 +15,9 @@ from PIL import Image
 
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import from_dict
-from vce.data.frame_cache import CacheParams, FrameCache, build_cache
-from vce.data.frames import decode_frame
+from vce.data.dataset import eval_transform
+from vce.data.frame_cache import CachedFrameDataset, CacheParams, FrameCache, build_cache
+from vce.data.frames import decode_frame, resize_frame
 from vce.infer.predict import PredictParams, _forward, predict_frames
 from vce.model.frame_model import ModelParams, create_model
 
@@ -56,6 +57,12 @@ def test_cached_pixels_are_the_png_pixels_after_the_one_resize(frames, tmp_path)
     for k, path in enumerate(table["path"]):
         for decoder in ("opencv", "pil"):
             assert np.array_equal(cache.pixels[rows[k]], decode_frame(root / path, 64, "bicubic", decoder)), path
+    # a larger cache: eval items are its pixels through the same one resize
+    larger = cache_at(frames, tmp_path, 80)
+    items = CachedFrameDataset(larger, larger.rows_for(table), None, 64, eval_transform(), resize=True)
+    for k, path in enumerate(table["path"]):
+        expected = resize_frame(decode_frame(root / path, 80, "bicubic", "opencv"), 64)
+        assert np.array_equal(items[k][0].permute(1, 2, 0).numpy(), expected), path
 
 
 def model_and_params(**predict):

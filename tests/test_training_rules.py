@@ -1,0 +1,103 @@
+"""Training rules that a whole-pipeline test cannot see: mixup mixes the targets too, and
+validation and the saved model use the EMA weights, not the raw ones."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import section_params
+from torch.utils.data import Dataset
+
+from vce.core.labels import NUM_LABELS
+from vce.model.frame_model import ModelParams, create_model
+from vce.train.losses import LossParams, VCELoss
+from vce.train.trainer import Trainer, TrainParams, evaluate, mixup
+
+
+class Frames(Dataset):
+    """Random uint8 frames with random labels; keys are rows or (row, seed) like FrameDataset's."""
+
+    def __init__(self, count: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.images = torch.randint(0, 256, (count, 3, 64, 64), dtype=torch.uint8, generator=generator)
+        self.targets = (torch.rand(count, NUM_LABELS, generator=generator) < 0.3).float()
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, key):
+        row = key[0] if isinstance(key, tuple) else key
+        return self.images[row], self.targets[row], True, row
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_trainer(tmp_path, **train):
+    torch.manual_seed(0)
+    model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64))
+    train_set, val_set = Frames(64, 1), Frames(32, 2)
+    loss_fn = VCELoss(section_params(LossParams, "loss"), train_set.targets.mean(dim=0))
+    params = section_params(TrainParams, "train", **{"epochs": 1, "batch_size": 16, "samples_per_epoch": 64,
+                                                      "num_workers": 0, "device": "cpu", "checkpoint_every": 0,
+                                                      **train})
+    return Trainer(model, loss_fn, params, 42, train_set, np.ones(len(train_set)), val_set, tmp_path / "state", "t")
+
+
+def test_mixup_mixes_targets_with_the_images_lambda_and_partner():
+    images = torch.arange(6, dtype=torch.float32).view(6, 1, 1, 1).expand(6, 3, 2, 2).contiguous()
+    targets = torch.nn.functional.one_hot(torch.arange(6), NUM_LABELS).float()  # frame i has label i only
+    mixed_images, mixed_targets = mixup(images, targets, alpha=0.3, seed=5)
+    value = mixed_images[:, 0, 0, 0]  # = λ·i + (1 − λ)·perm(i)
+    lam = None
+    for i in range(6):
+        row = mixed_targets[i, :6]
+        assert row.sum().item() == pytest.approx(1.0)  # mass of two one-hot rows
+        weights = {int(j): row[j].item() for j in torch.nonzero(row).flatten()}
+        assert sum(j * w for j, w in weights.items()) == pytest.approx(value[i].item(), abs=1e-5)
+        if len(weights) == 2:
+            lam = lam or weights[i]
+            assert weights[i] == pytest.approx(lam, abs=1e-6)
+    assert lam is not None and 0 < lam < 1  # targets are mixed, not left hard
+    assert not torch.equal(mixed_targets, targets)
+
+
+def test_train_step_feeds_the_loss_mixed_targets(tmp_path, one_thread):
+    trainer = make_trainer(tmp_path, mixup_alpha=0.3)
+    seen = []
+    loss_fn = trainer.loss_fn
+
+    def recording(outputs, targets):
+        seen.append(targets.detach().clone())
+        return loss_fn(outputs, targets)
+
+    trainer.loss_fn = recording
+    frames = Frames(16, 3)
+    images, targets = frames.images, frames.targets
+    trainer.train_step(images, targets, seed=5)
+    _, expected = mixup(images.float(), targets, 0.3, 5)
+    torch.testing.assert_close(seen[0], expected)
+    assert ((seen[0] > 0) & (seen[0] < 1)).any()  # soft targets reached the loss
+
+
+def test_validation_and_the_saved_model_use_the_ema_weights(tmp_path, one_thread):
+    trainer = make_trainer(tmp_path, ema_decay=0.999, ema_warmup=True)
+    saved = []
+    result = trainer.fit(lambda model, record: saved.append((copy.deepcopy(model.state_dict()), record)))
+    ema, raw = trainer.ema.module, trainer.model
+    differs = [k for k, v in raw.state_dict().items() if v.is_floating_point() and not torch.equal(v, ema.state_dict()[k])]
+    assert differs  # 4 steps apart: EMA and raw weights are not the same model
+    state, record = saved[-1]
+    for key, tensor in ema.state_dict().items():  # the saved model is the EMA, bit for bit
+        assert torch.equal(state[key], tensor), key
+    on_ema = evaluate(ema, trainer.loss_fn, trainer.val_loader, trainer.device, False, trainer.ddp)
+    on_raw = evaluate(raw, trainer.loss_fn, trainer.val_loader, trainer.device, False, trainer.ddp)
+    assert record["val_loss"] == pytest.approx(on_ema["loss"], rel=1e-6)
+    assert abs(on_raw["loss"] - on_ema["loss"]) > 1e-4  # so the check above tells them apart
+    assert result["best"]["val_loss"] == record["val_loss"]
