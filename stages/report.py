@@ -21,6 +21,7 @@ from vce.core.io import read_json
 from vce.core.labels import LABELS
 from vce.core.params import PostParams, ScoreParams, from_dict, load_params
 from vce.eval.report import ReportParams, ScoredSet, write_report
+from vce.post.events import EventParams
 from vce.post.timeline import join_probs
 
 
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     all_params = load_params(args.params)
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs
+    test_gt = from_dict(ScoreParams, all_params["score"], "score").test_gt
+    configured_events = from_dict(EventParams, all_params["events"], "events").model_dump()
     folder = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
     probs, labels = join_probs(read_index(args.probs or folder / "val.parquet"), read_index(args.frames))
     if labels is None:
@@ -57,7 +60,6 @@ def main(argv=None) -> int:
     valid = probs["valid"].to_numpy()
     sets = [_scored_set("validation", probs, read_index(args.frames), read_json(args.gt, "ground truth"),
                         read_json(args.events, "validation events"))]
-    test_gt = from_dict(ScoreParams, all_params["score"], "score").test_gt
     if test_gt:  # the demo's test ground truth is known: a held-out score and timelines
         index = read_index(args.test_index)
         test_probs, _ = join_probs(read_index(args.test_probs or folder / "test.parquet"), index)
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
         sets=sets,
         saved_thresholds=read_json(args.thresholds, "thresholds"),
         probs_source=source,
-        configured_events=all_params.get("events"),
+        configured_events=configured_events,
         params=params,
         plots_dir=args.plots_dir,
         report_path=args.report,

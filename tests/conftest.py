@@ -32,13 +32,9 @@ def section_params(cls, section: str, **overrides):
     Nested mappings are merged one level down (``augment={"rotation": 0.0}`` keeps the other
     augment keys). Tests build params this way: there are no defaults in the code.
     """
-    from vce.core.params import from_dict
+    from vce.core.params import load_section
 
-    values = repo_params()[section]
-    for key, value in overrides.items():
-        nested = isinstance(value, dict) and isinstance(values.get(key), dict) and key != "per_label"
-        values[key] = {**values[key], **value} if nested else value
-    return from_dict(cls, values, section)
+    return load_section(ROOT / "params.yaml", section, cls, **overrides)
 
 
 def write_params(path, **sections) -> Path:
