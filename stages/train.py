@@ -1,7 +1,9 @@
 """Stage `train`: fit the frame model on the training videos, keep the best EMA weights.
 
-Resumes from `--state-dir` when a checkpoint of the same run exists (a killed run, or more
-epochs than before); otherwise starts fresh. Logs per-epoch metrics with DVCLive.
+Resumes from `--state-dir` only the checkpoint of a killed run of the same data and params
+(`train.epochs` included); a finished run of other epochs is ignored, so the scratch folder never
+changes what given params produce. `train.extend: true` continues a finished shorter run instead.
+Prints one line per epoch and logs the curves with DVCLive.
 """
 
 from __future__ import annotations
@@ -9,50 +11,43 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import time
 from pathlib import Path
-
-import pandas as pd
-import torch
+from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import label_matrix, read_index
 from vce.core.errors import DataError
-from vce.core.io import write_json
 from vce.core.params import BaseParams, from_dict, load_params
-from vce.data.dataset import (
-    FrameDataset,
-    eval_transform,
-    rarest_label_weights,
-    train_transform,
-)
-from vce.data.folds import fold_frames
-from vce.data.frame_cache import CachedFrameDataset, FrameCache
-from vce.data.index import DataParams
-from vce.model import checkpoint
-from vce.model.frame_model import ModelParams, create_model
-from vce.model.prompts import load_prompt_embeddings
-from vce.train.losses import LossParams, VCELoss
-from vce.train.trainer import Trainer, TrainParams, check_learning_rates, describe
+
+if TYPE_CHECKING:  # the heavy imports (torch, pandas) happen in main: `--help` stays fast
+    import pandas as pd
+
+    from vce.data.frame_cache import FrameCache
+    from vce.train.trainer import TrainParams
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with split column")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
     parser.add_argument("--prompts", default="models/prompt_embeddings.pt", help="prompt embeddings file")
-    parser.add_argument("--model-out", default="models/model.pt")
+    parser.add_argument("--model-out", default="models/model.pt", help="best EMA weights written")
     parser.add_argument("--state-dir", default="models/train_state", help="resumable checkpoints")
-    parser.add_argument("--metrics", default="metrics/train.json")
+    parser.add_argument("--metrics", default="metrics/train.json", help="best and final epoch metrics")
     parser.add_argument("--live-dir", default="metrics/train", help="DVCLive directory")
     parser.add_argument("--fold", type=int, default=None,
                         help="train fold k's model: validate on the videos fold k holds out, train on the rest "
-                             "(default: the index's split column)")
+                             "(None: the index's split column)")
     return parser.parse_args(argv)
 
 
 def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: FrameCache | None):
     """Training and validation datasets: from the frame cache when there is one, else PNGs."""
+    from vce.core.contracts import label_matrix
+    from vce.data.dataset import FrameDataset, eval_transform, train_transform
+    from vce.data.frame_cache import CachedFrameDataset
+
     pre = model.preprocess
     size = pre["image_size"]
     interpolation = pre.get("interpolation", "bicubic")
@@ -111,6 +106,22 @@ def open_live(live_dir: str):
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
+    import pandas as pd
+    import torch
+
+    from vce.core.contracts import label_matrix, read_index
+    from vce.core.io import write_json
+    from vce.data.dataset import rarest_label_weights
+    from vce.data.folds import fold_frames
+    from vce.data.frame_cache import FrameCache
+    from vce.data.index import DataParams
+    from vce.model import checkpoint
+    from vce.model.frame_model import ModelParams, create_model
+    from vce.model.prompts import load_prompt_embeddings
+    from vce.train.losses import LossParams, VCELoss
+    from vce.train.trainer import Trainer, TrainParams, check_learning_rates, describe
+
     params = load_params(args.params)
     seed = from_dict(BaseParams, params["base"], "base").seed
     data = from_dict(DataParams, params["data"], "data")
@@ -152,6 +163,10 @@ def main(argv=None) -> int:
         # Whether it resumed is printed, not written: a resumed run's metrics equal a clean run's.
         write_json(args.metrics, {"best": result["best"], "final": result["history"][-1],
                                   "epochs": len(result["history"])})
+        best = result["best"]
+        print(f"train: {len(train_set)} train / {len(val_set)} val frames, {len(result['history'])} epochs"
+              f"{' (resumed)' if resumed else ''}, best epoch {best['epoch']} val mAP {best['val_map']:.4f}, "
+              f"{time.perf_counter() - started:.0f} s -> {args.model_out}, {args.metrics}")
     return 0
 
 

@@ -9,6 +9,7 @@ checkpoint ends with exactly the weights of an uninterrupted one (on CPU).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -48,6 +49,7 @@ class TrainParams(Section):
     val_batch_size: int = Field(ge=1)
     num_workers: int = Field(ge=0)
     checkpoint_every: int = Field(ge=0)  # 0 = once per epoch
+    extend: bool  # continue a finished run of fewer epochs in the state folder (else: train from scratch)
     device: Literal["auto", "cpu", "cuda"]
     bf16: bool
     compile: bool
@@ -189,15 +191,25 @@ class Trainer:
         })
 
     def try_resume(self) -> bool:
-        """Resume from the last checkpoint of this same run (same fingerprint), if any."""
-        if not self.state_path.is_file():
+        """Resume the checkpoint of this same run (same fingerprint and `train.epochs`), if any.
+
+        A killed run resumes; a finished run of other `train.epochs` is ignored (the run trains
+        from scratch), so the scratch folder never changes what given params produce. Only
+        `train.extend: true` continues a finished shorter run, with a new OneCycle over the new
+        epochs.
+        """
+        state = checkpoint.load_train_state(self.state_path, map_location=self.device)  # None: missing or unusable
+        if state is None:
             return False
-        state = checkpoint.load(self.state_path, map_location=self.device)
         if state["fingerprint"] != self.fingerprint:
             print(f"ignoring {self.state_path}: written by a run with other data or params")
             return False
-        if state["epoch"] > self.params.epochs:
-            print(f"ignoring {self.state_path}: it has {state['epoch']} epochs, train.epochs is {self.params.epochs}")
+        written_for, epochs = state["cycle"][1], self.params.epochs
+        extend = self.params.extend and state["epoch"] >= written_for and written_for < epochs
+        if written_for != epochs and not extend:
+            hint = " (train.extend: true would continue it)" if written_for < epochs else ""
+            print(f"ignoring {self.state_path}: written by a {written_for}-epoch run, train.epochs is {epochs}; "
+                  f"training from scratch{hint}")
             return False
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
@@ -209,9 +221,9 @@ class Trainer:
         self.epoch, self.step = state["epoch"], state["step"]
         self.history, self.best = state["history"], state["best"]
         self.epoch_losses, self.epoch_skipped = state["epoch_losses"], state["epoch_skipped"]
-        if self.epoch >= self.cycle[1] and self.params.epochs > self.cycle[1]:
-            # Extending a finished run ("resume from 5 to 10"): a new cycle over the new epochs.
-            self.cycle = (self.cycle[1], self.params.epochs)
+        if extend:  # train.extend: a finished run continued ("from 5 to 10"), a new cycle over the new epochs
+            print(f"extending the finished {written_for}-epoch run in {self.state_path} to {epochs} epochs")
+            self.cycle = (written_for, epochs)
             self.scheduler = self._new_schedule(*self.cycle)
         return True
 
@@ -235,7 +247,8 @@ class Trainer:
 
     def fit(self, on_best: Callable[[object, dict], None]) -> dict:
         """Train until `params.epochs`; call on_best(ema_model, record) on each new best epoch."""
-        show = self.ddp.is_main and not os.environ.get("CI")
+        # Progress bars only on a terminal; the per-epoch line below is what logs and CI keep.
+        show = self.ddp.is_main and sys.stderr.isatty() and not os.environ.get("CI")
         for epoch in tqdm(range(self.epoch, self.params.epochs), desc="epochs", disable=not show):
             self.epoch = epoch
             self.sampler.set_epoch(epoch, self.step)
@@ -254,7 +267,10 @@ class Trainer:
                     self.save_state()
             record = self.end_epoch(epoch)
             self.log(record)
-            if self.best is None or record["val_map"] > self.best["val_map"]:
+            improved = self.best is None or record["val_map"] > self.best["val_map"]
+            if self.ddp.is_main:
+                print(epoch_line(record, self.params.epochs, improved), flush=True)
+            if improved:
                 self.best = record
                 if self.ddp.is_main:
                     on_best(self.ema.module, record)
@@ -289,9 +305,19 @@ class Trainer:
         return float(next(g["lr"] for g in self.optimizer.param_groups if g.get("name") == part))
 
 
+def epoch_line(record: dict, epochs: int, best: bool) -> str:
+    """One plain line per epoch (no carriage returns: readable in a log file or CI)."""
+    line = (f"epoch {record['epoch']}/{epochs}  train_loss {record['train_loss']:.4f}  "
+            f"val_loss {record['val_loss']:.4f}  val_mAP {record['val_map']:.4f}  "
+            f"lr {record['lr_backbone']:.2e} (backbone) {record['lr_head']:.2e} (head)")
+    if record.get("skipped_frames"):
+        line += f"  skipped_frames {record['skipped_frames']}"
+    return line + ("  best" if best else "")
+
+
 def describe(params: TrainParams) -> dict:
-    """The params that define a run's trajectory (epochs excluded: extending is a resume)."""
+    """The params that define a run's trajectory (epochs checked apart: `try_resume`)."""
     values = params.model_dump()
-    for key in ("epochs", "num_workers", "val_batch_size"):
+    for key in ("epochs", "extend", "num_workers", "val_batch_size"):
         values.pop(key)
     return values
