@@ -15,22 +15,23 @@ import pandas as pd
 from vce.core import runner
 from vce.core.contracts import read_index
 from vce.core.params import from_dict, load_params
-from vce.data.frame_cache import CacheParams, build_cache, write_disabled
 from vce.data.index import DataParams
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--frames", default="data/split/frames.parquet")
-    parser.add_argument("--test", default="data/index/test.parquet")
-    parser.add_argument("--out", default="data/cache")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
+    parser.add_argument("--test", default="data/index/test.parquet", help="test frame index")
+    parser.add_argument("--out", default="data/cache", help="cache folder written")
     return parser.parse_args(argv)
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.data.frame_cache import CacheParams, build_cache, write_disabled
     params = load_params(args.params)
     cache = from_dict(CacheParams, params["cache"], "cache")
     data = from_dict(DataParams, params["data"], "data")

@@ -22,9 +22,9 @@ from vce.demo.generate import DemoParams, generate
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="data/demo")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--out", default="data/demo", help="demo dataset folder written")
     args = parser.parse_args(argv)
     cfg = load_section(args.params, "demo", DemoParams)
     out = Path(args.out)

@@ -30,23 +30,24 @@ from vce.core.labels import LABELS
 from vce.core.params import from_dict, load_params
 from vce.data.split import SplitParams
 from vce.infer.ensemble import EnsembleParams, class_weights, fuse, fuse_embeddings, gather_oof
-from vce.infer.predict import PredictParams
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--predict-dir", default="data/predict", help="fold_<k>/ out-of-fold predictions")
     parser.add_argument("--test-dir", default="data/predict_test", help="fold_<k>/ test-set predictions")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with fold column")
-    parser.add_argument("--out-dir", default="data/ensemble")
-    parser.add_argument("--metrics", default="metrics/ensemble.json")
+    parser.add_argument("--out-dir", default="data/ensemble", help="fused probabilities written here")
+    parser.add_argument("--metrics", default="metrics/ensemble.json", help="per-fold and pooled frame mAP")
     return parser.parse_args(argv)
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.infer.predict import PredictParams
     params = load_params(args.params)
     split = from_dict(SplitParams, params["split"], "split")
     predict = from_dict(PredictParams, params["predict"], "predict")

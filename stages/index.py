@@ -21,11 +21,11 @@ from vce.data.index import DataParams, build_index
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--frames-out", default="data/index/frames.parquet")
-    parser.add_argument("--test-out", default="data/index/test.parquet")
-    parser.add_argument("--report", default="metrics/index_report.json")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--frames-out", default="data/index/frames.parquet", help="labelled frame index written")
+    parser.add_argument("--test-out", default="data/index/test.parquet", help="test frame index written")
+    parser.add_argument("--report", default="metrics/index_report.json", help="counts and warnings of the listing")
     args = parser.parse_args(argv)
     cfg = load_section(args.params, "data", DataParams)
     frames, test, report = build_index(cfg)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vce.core import runner
 from vce.core.contracts import read_index
@@ -27,27 +29,26 @@ from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.params import from_dict, load_params
 from vce.data.folds import check_unseen, fold_frames, held_out_videos
-from vce.data.frame_cache import FrameCache
 from vce.data.index import DataParams
 from vce.data.split import SplitParams
-from vce.infer.predict import PredictParams, predict_sharded
-from vce.model import checkpoint
-from vce.model.device import resolve_device, setup_distributed
+
+if TYPE_CHECKING:
+    from vce.infer.predict import PredictParams
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--part", choices=("labelled", "test", "all"), default="all",
                         help="labelled: the fold's held-out (and, with one split, training) videos; "
                              "test: the test set; all: both")
     parser.add_argument("--fold", type=int, default=0, help="the fold whose model predicts (labelled: its held-out videos)")
-    parser.add_argument("--model", default="models/folds/0/model.pt")
+    parser.add_argument("--model", default="models/folds/0/model.pt", help="trained model file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split and fold")
     parser.add_argument("--test", default="data/index/test.parquet", help="unlabelled test frame index")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
-    parser.add_argument("--out-dir", default="data/predict/fold_0")
-    parser.add_argument("--report", default="metrics/folds/predict_0.json")
+    parser.add_argument("--out-dir", default="data/predict/fold_0", help="probabilities (and embeddings) written here")
+    parser.add_argument("--report", default="metrics/folds/predict_0.json", help="frame counts and undecodable frames")
     return parser.parse_args(argv)
 
 
@@ -69,6 +70,12 @@ def labelled_jobs(args, params: dict, data: DataParams, predict_params: PredictP
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    began = time.perf_counter()
+    # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.data.frame_cache import FrameCache
+    from vce.infer.predict import PredictParams, predict_sharded
+    from vce.model import checkpoint
+    from vce.model.device import resolve_device, setup_distributed
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
@@ -97,6 +104,8 @@ def main(argv=None) -> int:
         if coverage is not None:
             write_json(out / "coverage.json", coverage)
         write_json(args.report, {"fold": args.fold, "part": args.part, **report})
+        counts = ", ".join(f"{split} {report[split]['frames']}" for split in report)
+        print(f"predict (fold {args.fold}): {counts} frames, {time.perf_counter() - began:.0f} s -> {out}/")
     return 0
 
 

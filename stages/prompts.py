@@ -9,28 +9,29 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from vce.core import runner
 from vce.core.params import BaseParams, from_dict, load_params
-from vce.model.frame_model import ModelParams
-from vce.model.prompts import (
-    PromptParams,
-    compute_prompt_embeddings,
-    save_prompt_embeddings,
-)
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="models/prompt_embeddings.pt")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--out", default="models/prompt_embeddings.pt", help="prompt embeddings file written")
     return parser.parse_args(argv)
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    import torch
+
+    from vce.model.frame_model import ModelParams
+    from vce.model.prompts import (
+        PromptParams,
+        compute_prompt_embeddings,
+        save_prompt_embeddings,
+    )
     params = load_params(args.params)
     model_params = from_dict(ModelParams, params["model"], "model")
     prompt_params = from_dict(PromptParams, params["prompts"], "prompts")

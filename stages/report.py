@@ -26,20 +26,20 @@ from vce.post.timeline import join_probs
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
-                        help="validation probabilities (default: the ones post.probs selects)")
-    parser.add_argument("--predict-dir", default="data/predict")
-    parser.add_argument("--temporal-dir", default="data/temporal")
+                        help="validation probabilities (None: the ones post.probs selects)")
+    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
-    parser.add_argument("--thresholds", default="models/thresholds.json")
+    parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing")
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--gt", default="data/score/val_gt.json", help="validation ground-truth events")
-    parser.add_argument("--plots-dir", default="plots")
-    parser.add_argument("--report", default="metrics/report.md")
+    parser.add_argument("--plots-dir", default="plots", help="plot data written here")
+    parser.add_argument("--report", default="metrics/report.md", help="markdown report written")
     parser.add_argument("--test-probs", default=None,
-                        help="test probabilities (default: the ones post.probs selects; used when score.test_gt is set)")
+                        help="test probabilities (None: the ones post.probs selects; used when score.test_gt is set)")
     parser.add_argument("--test-index", default="data/index/test.parquet", help="test frame index")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test events")
     return parser.parse_args(argv)

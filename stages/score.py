@@ -4,12 +4,19 @@ when the test ground truth is known, as for the demo).
 The ground truth is built from the validation labels exactly as the challenge builds its
 JSON (a new event whenever the set of active labels changes, in the index's event unit),
 written beside the score so `python -m vce.eval.score` can rescore any file against it.
+
+Two layers of metrics. The headline (`dvc metrics show`, `dvc exp show`): one small file per
+set, `--val-headline` and `--test-headline`, with map@0.5, map@0.95, the empty submission's
+empty@0.5 / empty@0.95 (the floor: every label absent scores AP 1) and, for validation, the
+frame mAP of the probabilities that fed the events. The detail (per video, per label) goes to
+`--metrics`, read by the report, not declared as DVC metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from vce.core import runner
 from vce.core.contracts import read_index
@@ -21,32 +28,70 @@ from vce.post.timeline import labels_on_time
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="params file (section score)")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test-set events")
-    parser.add_argument("--gt-out", default="data/score/val_gt.json")
-    parser.add_argument("--metrics", default="metrics/score.json")
+    parser.add_argument("--frame-metrics", default="metrics/thresholds.json",
+                        help="the thresholds stage's metrics: frame_map of the probabilities behind the events")
+    parser.add_argument("--gt-out", default="data/score/val_gt.json", help="validation ground truth written here")
+    parser.add_argument("--metrics", default="metrics/score.json", help="detailed scores: per video and per label")
+    parser.add_argument("--val-headline", default="metrics/headline/val.json", help="headline validation metrics")
+    parser.add_argument("--test-headline", default="metrics/headline/test.json",
+                        help="headline test metrics ({} without score.test_gt)")
     return parser.parse_args(argv)
+
+
+def empty_submission(gt: dict) -> dict:
+    """The submission with no event at all, for the ground truth's videos."""
+    return {"videos": [{"video_id": video["video_id"], "events": []} for video in gt["videos"]]}
+
+
+def headline(result: dict, empty: dict, frame_map: float | None = None) -> dict:
+    """The declared metrics of one set: short keys, so `dvc metrics show` fits in 100 columns."""
+    values = {"map@0.5": result["map@0.5"], "map@0.95": result["map@0.95"],
+              "empty@0.5": empty["map@0.5"], "empty@0.95": empty["map@0.95"]}
+    if frame_map is not None:
+        values["frame_map"] = frame_map
+    return values
+
+
+def score_line(name: str, result: dict, empty: dict, n_videos: int, n_events: int) -> str:
+    return (f"score: {name:<10} mAP@0.5 = {result['map@0.5']:.4f}  mAP@0.95 = {result['map@0.95']:.4f}  "
+            f"(empty submission {empty['map@0.5']:.4f} / {empty['map@0.95']:.4f}; "
+            f"{n_events} predicted events, {n_videos} videos)")
+
+
+def _n_events(submission: dict) -> int:
+    return sum(len(video["events"]) for video in submission["videos"])
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    started = time.perf_counter()
     test_gt = load_section(args.params, "score", ScoreParams).test_gt
     frames = read_index(args.frames)
     prediction = read_json(args.events, "validation events")
+    frame_map = read_json(args.frame_metrics, "frame metrics").get("frame_map")
     gt = labels_to_submission(labels_on_time(frames[frames["split"] == "val"]))
     write_json(args.gt_out, gt, indent=None)
     result = score(gt, prediction)
-    print(f"validation: mAP@0.5 = {result['map@0.5']:.4f}   mAP@0.95 = {result['map@0.95']:.4f}")
+    empty = score(gt, empty_submission(gt))
+    print(score_line("validation", result, empty, len(gt["videos"]), _n_events(prediction)))
+    write_json(args.val_headline, headline(result, empty, frame_map))
+    test_headline: dict = {}
     if test_gt is not None:
         # A held-out number: nothing upstream (training, thresholds, tuning) saw these videos.
-        test = score(read_json(test_gt, "score.test_gt"), read_json(args.test_events, "test events"))
+        truth, test_prediction = read_json(test_gt, "score.test_gt"), read_json(args.test_events, "test events")
+        test, test_empty = score(truth, test_prediction), score(truth, empty_submission(truth))
         result["test"] = {key: test[key] for key in ("map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95")}
-        print(f"test:       mAP@0.5 = {test['map@0.5']:.4f}   mAP@0.95 = {test['map@0.95']:.4f}")
+        print(score_line("test", test, test_empty, len(truth["videos"]), _n_events(test_prediction)))
+        test_headline = headline(test, test_empty)
+    write_json(args.test_headline, test_headline)
     write_json(args.metrics, result)
+    print(f"score: {time.perf_counter() - started:.1f} s -> {args.val_headline}, {args.test_headline}, {args.metrics}")
     return 0
 
 

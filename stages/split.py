@@ -24,11 +24,11 @@ from vce.data.split import SplitParams, split_frames
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--index", default="data/index/frames.parquet")
-    parser.add_argument("--out", default="data/split/frames.parquet")
-    parser.add_argument("--metrics", default="metrics/split.json")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--index", default="data/index/frames.parquet", help="labelled frame index (index stage)")
+    parser.add_argument("--out", default="data/split/frames.parquet", help="frame index with split column written")
+    parser.add_argument("--metrics", default="metrics/split.json", help="videos and label coverage per split")
     args = parser.parse_args(argv)
     cfg = load_section(args.params, "split", SplitParams)
     if not Path(args.index).is_file():

@@ -93,7 +93,10 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
                        "--test-index", str(d / "index/test.parquet"), "--test-events", str(d / "events/submission.json")],
         "score": p + ["--events", str(d / "events/val.json"), "--test-events", str(d / "events/submission.json"),
                       "--frames", str(d / "split/frames.parquet"),
-                      "--gt-out", str(d / "score/val_gt.json"), "--metrics", str(d / "metrics/score.json")],
+                      "--gt-out", str(d / "score/val_gt.json"), "--metrics", str(d / "metrics/score.json"),
+                      "--frame-metrics", str(d / "metrics/thresholds.json"),
+                      "--val-headline", str(d / "metrics/headline/val.json"),
+                      "--test-headline", str(d / "metrics/headline/test.json")],
     }
 
 

@@ -1,0 +1,132 @@
+"""What a user meets at the command line: `--help` (fast, torch-free, defaults shown), the headline
+metrics (`dvc metrics show` in 100 columns, the empty-submission floor), output file modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PREPARE, ROOT, load_stage, stage_args, tiny_params
+
+STAGES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__")
+
+# `python -m stages.<name> --help` for every stage, in one interpreter; torch checked after each.
+HELP_SCRIPT = """
+import contextlib, io, json, runpy, sys
+out = {}
+for name in sys.argv[1:]:
+    sys.argv, buf, code = [name, "--help"], io.StringIO(), "did not exit"
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_module("stages." + name, run_name="__main__", alter_sys=True)
+        except SystemExit as exit:
+            code = exit.code
+    out[name] = {"code": code, "torch": "torch" in sys.modules, "help": buf.getvalue()}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict:
+    process = subprocess.run([sys.executable, "-c", HELP_SCRIPT, *STAGES], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert process.returncode == 0, process.stderr
+    return json.loads(process.stdout)
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_help_exits_0_without_importing_torch(helps, name):
+    assert helps[name]["code"] == 0
+    assert not helps[name]["torch"], f"stages.{name} imports torch before parsing its arguments"
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_help_shows_every_option_with_its_default(helps, name):
+    text = helps[name]["help"]
+    blocks = re.split(r"\n(?=  -)", text.split("options:", 1)[1])
+    options = [block for block in blocks if block.lstrip().startswith("--")]
+    assert options, text
+    for block in options:
+        assert block.count("(default:") == 1, f"stages.{name}: {block.strip()!r} shows no (or two) default(s)"
+    if "--params" in text:
+        assert "(default: params.yaml)" in text
+
+
+def test_train_help_names_the_state_dir_default(helps):
+    assert re.search(r"--state-dir STATE_DIR\s+resumable checkpoints \(default:\s+models/train_state\)",
+                     helps["train"]["help"])
+
+
+# --- headline metrics ----------------------------------------------------------------------------
+
+def test_empty_submission_floor_is_one_per_absent_label():
+    from stages.score import empty_submission, headline
+    from vce.eval.score import score
+
+    gt = {"videos": [{"video_id": "a", "events": [{"start": 0, "end": 9, "label": ["colon"]}]}]}
+    empty = score(gt, empty_submission(gt))
+    assert empty["map@0.5"] == empty["map@0.95"] == pytest.approx(16 / 17)  # every absent label scores 1
+    perfect = score(gt, gt)
+    values = headline(perfect, empty, frame_map=0.5)
+    assert values == {"map@0.5": 1.0, "map@0.95": 1.0, "empty@0.5": empty["map@0.5"],
+                      "empty@0.95": empty["map@0.95"], "frame_map": 0.5}
+    assert "frame_map" not in headline(perfect, empty)
+
+
+def declared_metrics() -> list[str]:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["metrics"]
+
+
+def test_only_the_headline_is_declared_and_the_score_stage_writes_it():
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["score"]
+    outs = [next(iter(out)) if isinstance(out, dict) else out for out in stage["outs"]]
+    assert declared_metrics() == ["metrics/headline/val.json", "metrics/headline/test.json"]
+    assert set(declared_metrics()) <= set(outs)
+
+
+def test_dvc_metrics_show_fits_in_100_columns(tmp_path):
+    """The real `dvc metrics show` on headline files with full-precision numbers."""
+    from stages.score import headline
+    from vce.core.io import write_json
+
+    value = {"map@0.5": 1 / 3, "map@0.95": 2 / 7}
+    val, test = declared_metrics()
+    write_json(tmp_path / val, headline(value, value, frame_map=1 / 9))
+    write_json(tmp_path / test, headline(value, value))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"metrics": declared_metrics()}))
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True, env=env)
+    shown = subprocess.run(["dvc", "metrics", "show"], cwd=tmp_path, check=True, env=env,
+                           capture_output=True, text=True).stdout
+    lines = shown.rstrip("\n").splitlines()
+    assert len(lines) == 3, shown  # header + one row per set
+    assert max(len(line) for line in lines) <= 100, shown
+    assert lines[0].split() == ["Path", "empty@0.5", "empty@0.95", "frame_map", "map@0.5", "map@0.95"]
+    assert "0.33333" in lines[1] and "0.11111" in lines[1]
+
+
+# --- output files ----------------------------------------------------------------------------------
+
+def test_stage_outputs_have_the_mode_open_gives(tmp_path):
+    """Not mkstemp's private 0600: the mode of a file the user writes (0666 less the umask)."""
+    params = tiny_params(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = stage_args(tmp_path)
+    for name in PREPARE:
+        assert load_stage(name).main(args[name]) == 0
+    assert_normal_modes(tmp_path)
+    assert any(tmp_path.rglob("*.parquet")) and (tmp_path / "models/prompt_embeddings.pt").is_file()
+
+
+def assert_normal_modes(folder: Path) -> None:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    wrong = [f"{p}: {oct(p.stat().st_mode & 0o777)}" for p in folder.rglob("*")
+             if p.is_file() and p.stat().st_mode & 0o777 != 0o666 & ~umask]
+    assert not wrong, wrong
