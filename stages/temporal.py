@@ -28,28 +28,18 @@ from vce.core.io import atomic_path, write_json
 from vce.core.labels import LABELS
 from vce.core.params import BaseParams, PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
-from vce.infer.temporal import (
-    TemporalParams,
-    align,
-    build_sequences,
-    probs_frame,
-    read_embeddings,
-    refine,
-    train_temporal,
-)
-from vce.model.device import resolve_device
-from vce.train.losses import LossParams
 
 SPLITS = ("train", "val", "test")
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--predict-dir", default="data/predict", help="probabilities and <split>_embeddings.parquet")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
-    parser.add_argument("--out-dir", default="data/temporal")
-    parser.add_argument("--metrics", default="metrics/temporal.json")
+    parser.add_argument("--out-dir", default="data/temporal", help="refined probabilities written here")
+    parser.add_argument("--metrics", default="metrics/temporal.json", help="training summary and frame mAP")
+    parser.add_argument("--model-out", default="models/temporal.pt", help="the trained model (read by vce.infer.detect)")
     return parser.parse_args(argv)
 
 
@@ -60,6 +50,8 @@ def write_probs(path: Path, table) -> None:
 
 def load_split(predict_dir: Path, split: str, labelled_frames):
     """Sequences of one split: embeddings, valid flags from its probabilities, labels if given."""
+    from vce.infer.temporal import align, build_sequences, read_embeddings
+
     frames, embeddings = read_embeddings(predict_dir / f"{split}_embeddings.parquet")
     probs_path = predict_dir / f"{split}.parquet"
     valid = None
@@ -75,6 +67,17 @@ def load_split(predict_dir: Path, split: str, labelled_frames):
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.infer.temporal import (
+        TemporalParams,
+        align,
+        probs_frame,
+        refine,
+        save_temporal,
+        train_temporal,
+    )
+    from vce.model.device import resolve_device
+    from vce.train.losses import LossParams
     params = load_params(args.params)
     temporal_params = from_dict(TemporalParams, params["temporal"], "temporal")
     loss_params = from_dict(LossParams, params["loss"], "loss")
@@ -91,6 +94,7 @@ def main(argv=None) -> int:
         for name in ("val", "test"):
             write_probs(out / f"{name}.parquet", probs_schema().empty_table().to_pandas())
         write_json(args.metrics, {"enabled": False, "reason": reason})
+        save_temporal(args.model_out, None, temporal_params)
         print(f"temporal: disabled, {reason}; wrote empty outputs")
         return 0
 
@@ -117,9 +121,11 @@ def main(argv=None) -> int:
             frame_probs = align(seq.frames, read_index(predict_dir / "val.parquet"), list(LABELS), "val probabilities")
             metrics["input_frame_map"] = frame_metrics(seq.labels, frame_probs.to_numpy("float32"))["map"]
     write_json(args.metrics, metrics)
-    print(f"temporal: {metrics['train_frames']} training frames, val frame mAP "
-          f"{metrics.get('input_frame_map')} → {metrics.get('frame_map')}; trained in {trained:.1f} s, "
-          f"{time.perf_counter() - began:.1f} s in all")
+    save_temporal(args.model_out, model, temporal_params)
+    before, after = (f"{m:.4f}" if m is not None else "n/a" for m in (metrics.get("input_frame_map"),
+                                                                    metrics.get("frame_map")))
+    print(f"temporal: {metrics['train_frames']} training frames, val frame mAP {before} → {after}; "
+          f"trained in {trained:.1f} s, {time.perf_counter() - began:.1f} s in all -> {out}/, {args.metrics}")
     return 0
 
 
