@@ -100,22 +100,22 @@ def _saved_steps(state: Path) -> int:
     return saved["epoch"] * 1000 + saved["step"] if saved["epoch"] else saved["step"]
 
 
-def rerun_with_epochs(demo, uninterrupted, name: str, epochs: int) -> tuple[Path, str]:
+def rerun_with_epochs(demo, uninterrupted, name: str, epochs: int, extend: bool = False) -> tuple[Path, str]:
     """Copy the finished 3-epoch run's outputs and state, then train again with `epochs`."""
     tmp_path, args = demo
     out = tmp_path / name
     shutil.copytree(uninterrupted, out)
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
-    params["train"]["epochs"] = epochs
+    params["train"].update(epochs=epochs, extend=extend)
     (out / "params.yaml").write_text(yaml.safe_dump(params))
     argv = train_argv(args, out)
     argv[argv.index("--params") + 1] = str(out / "params.yaml")
     return out, finish(run_train(argv))
 
 
-def test_more_epochs_resume_a_finished_run(demo, uninterrupted):
-    out, output = rerun_with_epochs(demo, uninterrupted, "extended", 4)
-    assert "resuming from" in output and "epoch 4" in output
+def test_more_epochs_resume_a_finished_run_with_train_extend(demo, uninterrupted):
+    out, output = rerun_with_epochs(demo, uninterrupted, "extended", 4, extend=True)
+    assert "resuming from" in output and "extending the finished 3-epoch run" in output and "epoch 4" in output
     metrics = json.loads((out / "train.json").read_text())
     assert metrics["epochs"] == 4 and metrics["final"]["epoch"] == 4
 
