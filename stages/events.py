@@ -26,16 +26,16 @@ from vce.post.timeline import join_probs
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--thresholds", default="models/thresholds.json")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing (thresholds stage)")
     parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory post.probs picks")
     parser.add_argument("--test-probs", default=None, help="default: test.parquet of the directory post.probs picks")
     parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
-    parser.add_argument("--frames", default="data/split/frames.parquet")
-    parser.add_argument("--test-frames", default="data/index/test.parquet")
-    parser.add_argument("--out-dir", default="data/events")
+    parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
+    parser.add_argument("--test-frames", default="data/index/test.parquet", help="test frame index")
+    parser.add_argument("--out-dir", default="data/events", help="events written here (val/submission .json and .xlsx)")
     return parser.parse_args(argv)
 
 
@@ -79,6 +79,11 @@ def main(argv=None) -> int:
         write_xlsx(submission, out / f"{name}.xlsx")
         events = sum(len(video["events"]) for video in submission["videos"])
         print(f"{name}: {len(submission['videos'])} video(s), {events} event(s) → {out / (name + '.json')}")
+        if events == 0 and submission["videos"]:
+            # An experiment that emits nothing scores exactly the empty submission: say so, loudly.
+            print(f"warning: {name}: no event at all in {len(submission['videos'])} video(s): every label is "
+                  f"off (thresholds {args.thresholds}) or suppressed (events.presence_threshold / min_length); "
+                  "the score will be the empty submission's", file=sys.stderr)
     return 0
 
 

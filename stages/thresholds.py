@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from vce.core import runner
@@ -25,21 +26,22 @@ from vce.post.timeline import join_probs, labels_on_time
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--params", default="params.yaml")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
-                        help="validation probabilities (default: val.parquet of --predict-dir or --temporal-dir, as post.probs says)")
+                        help="validation probabilities (None: val.parquet of --predict-dir or --temporal-dir, as post.probs says)")
     parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
-    parser.add_argument("--out", default="models/thresholds.json")
-    parser.add_argument("--metrics", default="metrics/thresholds.json")
+    parser.add_argument("--out", default="models/thresholds.json", help="thresholds and tuned post-processing written")
+    parser.add_argument("--metrics", default="metrics/thresholds.json", help="frame AP per class, tuning report")
     return parser.parse_args(argv)
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    began = time.perf_counter()
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
     threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
@@ -70,6 +72,12 @@ def main(argv=None) -> int:
         "per_class": {label: {**per_class["per_label"][label], "threshold": thresholds[label]} for label in LABELS},
         "tuning": report,
     })
+    off = sorted(label for label in LABELS if thresholds[label] >= threshold_params.off_threshold)
+    best = report.get("best") if isinstance(report, dict) else None
+    tuned_score = f", tuned validation score {best:.4f}" if isinstance(best, float) else ""
+    print(f"thresholds ({threshold_params.method}, {source} probabilities): {int(valid.sum())} validation frames, "
+          f"frame mAP {per_class['map']:.4f}{tuned_score}, {len(off)} label(s) off {off}, "
+          f"{time.perf_counter() - began:.0f} s -> {args.out}, {args.metrics}")
     return 0
 
 
