@@ -130,3 +130,52 @@ def assert_normal_modes(folder: Path) -> None:
     wrong = [f"{p}: {oct(p.stat().st_mode & 0o777)}" for p in folder.rglob("*")
              if p.is_file() and p.stat().st_mode & 0o777 != 0o666 & ~umask]
     assert not wrong, wrong
+
+
+# --- events: an experiment that emits nothing says so -----------------------------------------------
+
+def write_probs_and_index(folder: Path, n: int = 40) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from vce.core.contracts import write_probs
+    from vce.core.labels import LABELS
+
+    frames = pd.DataFrame({"video_id": "v1", "frame": np.arange(n, dtype=np.int64) * 5,
+                           "index": np.arange(n, dtype=np.int64), "path": [f"v1/{i}.png" for i in range(n)],
+                           "event_unit": "index", "capsule": "", "split": "val"})
+    for label in LABELS:
+        frames[label] = np.uint8(0)
+    frames["colon"] = np.uint8(1)
+    frames.to_parquet(folder / "frames.parquet", index=False)
+    probs = frames[["video_id", "frame"]].copy()
+    for label in LABELS:
+        probs[label] = np.float32(0.6 if label == "colon" else 0.01)
+    probs["valid"] = True
+    write_probs(folder / "val.parquet", probs)
+    write_probs(folder / "test.parquet", probs.iloc[:0])
+    frames.iloc[:0].drop(columns=list(LABELS)).to_parquet(folder / "test_frames.parquet", index=False)
+
+
+@pytest.mark.parametrize("colon_threshold,warned", [(1.01, True), (0.5, False)])
+def test_events_warns_when_nothing_is_emitted(tmp_path, capsys, colon_threshold, warned):
+    from vce.core.labels import LABELS
+
+    params = tiny_params(tmp_path)
+    params["post"]["probs"] = "frame"
+    params["events"]["presence"] = "none"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    write_probs_and_index(tmp_path)
+    thresholds = {label: 1.01 for label in LABELS} | {"colon": colon_threshold}
+    (tmp_path / "thresholds.json").write_text(json.dumps({"method": "f1", "probs": "frame", "thresholds": thresholds,
+                                                          "events": None}))
+    argv = ["--params", str(tmp_path / "params.yaml"), "--thresholds", str(tmp_path / "thresholds.json"),
+            "--val-probs", str(tmp_path / "val.parquet"), "--test-probs", str(tmp_path / "test.parquet"),
+            "--frames", str(tmp_path / "frames.parquet"), "--test-frames", str(tmp_path / "test_frames.parquet"),
+            "--out-dir", str(tmp_path / "events")]
+    assert load_stage("events").main(argv) == 0
+    err = capsys.readouterr().err
+    assert ("warning: val: no event at all in 1 video(s)" in err) is warned, err
+    assert "warning: submission" not in err  # no test videos: nothing to warn about
+    events = json.loads((tmp_path / "events/val.json").read_text())["videos"][0]["events"]
+    assert (len(events) == 0) is warned
