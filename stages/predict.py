@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
+    from_dict(SplitParams, params["split"], "split")  # checked before the model loads (labelled_jobs reads it)
     device = resolve_device(predict_params.device)
     ddp = setup_distributed(device)
     model, payload = checkpoint.load_model(args.model, device)

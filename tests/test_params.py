@@ -344,3 +344,38 @@ def test_literal_fields_list_their_values():
     from vce.data.frames import INTERPOLATION
 
     assert set(allowed) == set(INTERPOLATION)
+
+
+# ----------------------------------------------------------------------------- every stage, every key
+
+
+def stage_sections() -> list[tuple[str, str]]:
+    """(stage, section) for every section a dvc.yaml stage lists (a `section.key` entry counts)."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    pairs = []
+    for stage in stages.values():
+        cmd = (stage.get("do") or stage)["cmd"]
+        module = cmd.split("python -m stages.")[1].split()[0]
+        for section in dict.fromkeys(entry.split(".")[0] for entry in stage.get("params", [])):
+            pairs.append((module, section))
+    return sorted(set(pairs))
+
+
+STAGE_KEYS = [(stage, section, path) for stage, section in stage_sections()
+              for path in key_paths(repo_params()[section])]
+
+
+def test_every_stage_section_is_covered():
+    assert ("train", "train") in stage_sections() and ("thresholds", "post") in stage_sections()
+    assert len(STAGE_KEYS) > 150
+
+
+@pytest.mark.parametrize(("stage", "section", "path"), STAGE_KEYS,
+                         ids=[f"{stage}:{section}.{path}" for stage, section, path in STAGE_KEYS])
+def test_removing_any_key_a_stage_reads_exits_2_naming_it(tmp_path, capsys, stage, section, path):
+    """The acceptance of issue 13: every input path points nowhere, so only the params check runs."""
+    params = repo_params()
+    params[section] = edited(section, path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert load_stage(stage).main(["--params", str(tmp_path / "params.yaml")]) == 2
+    assert f"error: missing key {section}.{path} in params" in capsys.readouterr().err
