@@ -189,6 +189,12 @@ def write_galar_video(root: Path, video_id: int, cfg: DemoParams,
     low = (video_id - 1) // 10 * 10 + 1
     folder = root / f"Galar_Frames_{low}_to_{low + 9}" / str(video_id)
     _render_video(folder, [f"frame_{f:06d}.PNG" for f in frames], labels, cfg, rng)
+    write_label_csv(root, video_id, labels, frames, rng)
+
+
+def write_label_csv(root: Path, video_id: int | str, labels: np.ndarray, frames: np.ndarray,
+                    rng: np.random.Generator) -> None:
+    """Labels/<id>.csv of one Galar video: index, the 17 labels, unscored extras, frame."""
     table = pd.DataFrame(labels, columns=list(LABELS))
     table = pd.concat([table, pd.DataFrame(extra_columns(len(frames), rng),
                                            columns=list(EXTRA_COLUMNS))], axis=1)
@@ -204,23 +210,34 @@ def test_video_ids(n: int) -> list[tuple[str, int]]:
     return (list(TEST_VIDEOS) + invented)[:n]
 
 
+def frame_list_folder(root: Path, video_ids: list[str]) -> Path:
+    """Where the test layout keeps its frame lists: a folder named after all its videos.
+
+    With one video that name is the video's own folder, where the list then sits beside the frames.
+    """
+    return root / "_".join([video_ids[0]] + [v[len("ukdd_navi_"):] for v in video_ids[1:]])
+
+
+def write_frame_list(list_folder: Path, video_id: str, names: list[str]) -> None:
+    """The ';'-separated frame list of one test video, label columns empty (as released)."""
+    frame_list = pd.DataFrame({"frame_file": names})
+    for label in LABELS:
+        frame_list[label] = ""
+    list_folder.mkdir(parents=True, exist_ok=True)
+    frame_list.to_csv(list_folder / f"{video_id}.csv", sep=";", index=False)
+
+
 def write_test_videos(root: Path, cfg: DemoParams, rng: np.random.Generator) -> dict:
     """Unlabelled videos in the RARE-VISION layout; returns their ground truth (frame units)."""
     videos = test_video_ids(cfg.n_test_videos)
-    # The frame lists live in a folder named after all videos; with one video that name is the
-    # video's own folder, where the list then sits beside the frames.
-    list_folder = root / "_".join([videos[0][0]] + [v[0][len("ukdd_navi_"):] for v in videos[1:]])
+    list_folder = frame_list_folder(root, [video_id for video_id, _ in videos])
     truth = []
     for video_id, first in videos:
         labels = timeline(cfg.test_frames_per_video, cfg, rng)
         frames = first + np.arange(cfg.test_frames_per_video)
         names = [f"frame_{f:07d}.png" for f in frames]
         _render_video(root / video_id, names, labels, cfg, rng)
-        frame_list = pd.DataFrame({"frame_file": names})
-        for label in LABELS:
-            frame_list[label] = ""
-        list_folder.mkdir(parents=True, exist_ok=True)
-        frame_list.to_csv(list_folder / f"{video_id}.csv", sep=";", index=False)
+        write_frame_list(list_folder, video_id, names)
         truth.append({"video_id": video_id, "events": events_of(labels, frames)})
     return {"videos": truth}
 

@@ -1,0 +1,357 @@
+"""Real pixels: does the frame model learn a real finding, and beat a colour histogram?
+
+    python -m bench.real_pixels [--work DIR] [--set train.epochs=12 --set train.augment.hue=0]
+
+1. Builds videos from the real WCEBleedGen stills (`../shared/fixtures/wcebleedgen`, 150 bleeding,
+   150 not), each source image in one video only: non-bleeding stills held a few frames like a
+   slow capsule, runs of bleeding stills labelled `blood` between them, regions and landmarks
+   from the demo's Galar-like timeline (`vce.demo.generate.timeline`, its findings cleared).
+   Train and validation videos are in the Galar layout; the held-out videos are in the
+   RARE-VISION test layout with their ground truth as `score.test_gt`, so nothing upstream
+   (training, model selection, thresholds, event tuning) sees them.
+2. Runs the project's stages through their `main([...])`: index → split → prompts → train →
+   predict → temporal → thresholds → events → score.
+3. A colour baseline: per-frame HSV histogram + RGB moments, one logistic regression per label
+   fitted on the training videos; its probabilities go through the same thresholds, events
+   and scorer.
+4. Prints one JSON object: `blood` on the held-out videos — frame AP and ROC AUC of the frame
+   model, the frame model + temporal model, and the baseline; temporal AP at tIoU 0.5 / 0.95
+   of the events built from each — plus the settings used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score, roc_auc_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from vce.core.contracts import read_index, write_probs
+from vce.core.io import read_json
+from vce.core.labels import LABEL_INDEX, LABELS, PATHOLOGY
+from vce.core.params import from_dict
+from vce.data.frames import decode_frame
+from vce.demo.generate import (
+    DemoParams,
+    events_of,
+    frame_list_folder,
+    test_video_ids,
+    timeline,
+    write_frame_list,
+    write_label_csv,
+)
+from vce.eval.score import score
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "wcebleedgen"
+BLOOD = LABEL_INDEX["blood"]
+
+
+# ---------------------------------------------------------------- videos from real stills
+
+def still_sequence(bleeding: list[str], background: list[str], rng: np.random.Generator,
+                   holds: dict) -> tuple[list[str], np.ndarray]:
+    """One video's frames: (source file per frame, blood 0/1 per frame).
+
+    Bleeding stills come in runs of `holds["run"]` stills, inserted between background stills
+    after the first `holds["lead"]` share of the video (findings start past the esophagus);
+    each still is repeated for `holds["background"]` / `holds["blood"]` frames (inclusive ranges).
+    """
+    runs, rest = [], list(bleeding)
+    while rest:
+        size = int(rng.integers(holds["run"][0], holds["run"][1] + 1))
+        runs.append(rest[:size])
+        rest = rest[size:]
+    lead = int(np.ceil(holds["lead"] * len(background)))
+    slots = np.sort(rng.choice(np.arange(lead, len(background) + 1), size=len(runs), replace=True))
+    stills: list[tuple[str, int]] = []
+    for position, name in enumerate(background + [None]):
+        for run in [runs[k] for k in np.flatnonzero(slots == position)]:
+            stills += [(still, 1) for still in run]
+        if name is not None:
+            stills.append((name, 0))
+    files, blood = [], []
+    for name, bleeding_still in stills:
+        low, high = holds["blood" if bleeding_still else "background"]
+        repeat = int(rng.integers(low, high + 1))
+        files += [name] * repeat
+        blood += [bleeding_still] * repeat
+    return files, np.asarray(blood, np.uint8)
+
+
+def video_labels(blood: np.ndarray, demo: DemoParams, rng: np.random.Generator) -> np.ndarray:
+    """(N, 17) labels: the demo's region/landmark timeline, findings cleared, `blood` as given."""
+    labels = timeline(len(blood), demo, rng)
+    labels[:, [LABEL_INDEX[finding] for finding in PATHOLOGY]] = 0
+    labels[:, BLOOD] = blood
+    return labels
+
+
+def place(source: Path, target: Path) -> None:
+    """The still at `target`: a hard link (no copy of the fixture) where the file system allows."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def build_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, demo: DemoParams,
+                 holds: dict, seed: int) -> pd.DataFrame:
+    """Write `out/galar` (labelled videos 1..n_labelled) and `out/test` (+ its ground truth).
+
+    Source stills are dealt to videos without repetition, half bleeding and half not per video.
+    Returns video_id, frame, source, blood of every written frame (test videos included).
+    """
+    table = pd.read_csv(fixtures / "labels.csv")
+    rng = np.random.default_rng(seed)
+    n_videos = n_labelled + n_test
+    deal = {flag: np.array_split(rng.permutation(table.loc[table["bleeding"] == flag, "file"].to_numpy()),
+                                 n_videos) for flag in (0, 1)}
+    test_videos = test_video_ids(n_test)
+    test_ids = [video_id for video_id, _ in test_videos]
+    rows, truth = [], []
+    for v in range(n_videos):
+        files, blood = still_sequence(list(deal[1][v]), list(deal[0][v]), rng, holds)
+        labels = video_labels(blood, demo, rng)
+        if v < n_labelled:
+            video_id = str(v + 1)
+            frames = int(rng.integers(0, demo.frame_step)) + demo.frame_step * np.arange(len(files))
+            folder = out / "galar" / video_id
+            names = [f"frame_{f:06d}.PNG" for f in frames]
+            write_label_csv(out / "galar", video_id, labels, frames, rng)
+        else:
+            video_id, first = test_videos[v - n_labelled]
+            frames = first + np.arange(len(files))
+            folder = out / "test" / video_id
+            names = [f"frame_{f:07d}.png" for f in frames]
+            write_frame_list(frame_list_folder(out / "test", test_ids), video_id, names)
+            truth.append({"video_id": video_id, "events": events_of(labels, frames)})
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, source in zip(names, files):
+            place(fixtures / "frames" / source, folder / name)
+        rows.append(pd.DataFrame({"video_id": video_id, "frame": frames, "source": files, "blood": blood}))
+    (out / "test").mkdir(parents=True, exist_ok=True)
+    (out / "test_ground_truth.json").write_text(json.dumps({"videos": truth}) + "\n")
+    return pd.concat(rows, ignore_index=True)
+
+
+# ---------------------------------------------------------------- the colour baseline
+
+def colour_features(path: Path) -> np.ndarray:
+    """HSV histogram (8 hue × 4 saturation, 8 value bins) and RGB mean / std of one frame."""
+    import cv2
+
+    rgb = decode_frame(path, 224, "area", "opencv")  # (H, W, 3) uint8
+    hsv = cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV)
+    hue_sat = cv2.calcHist([hsv], [0, 1], None, [8, 4], [0, 180, 0, 256]).ravel()
+    value = cv2.calcHist([hsv], [2], None, [8], [0, 256]).ravel()
+    pixels = rgb.reshape(-1, 3).astype(np.float64) / 255
+    hist = np.concatenate([hue_sat, value]) / pixels.shape[0]
+    return np.concatenate([hist, pixels.mean(0), pixels.std(0)])
+
+
+def baseline_probs(frames: pd.DataFrame, test: pd.DataFrame, galar: Path, test_root: Path,
+                   out_dir: Path, seed: int) -> None:
+    """Fit on the training frames; write val.parquet and test.parquet (probabilities contract)."""
+    cache: dict[Path, np.ndarray] = {}
+
+    def features(rows: pd.DataFrame, root: Path) -> np.ndarray:
+        paths = [(root / p).resolve() for p in rows["path"]]  # held frames share one inode
+        for path in paths:
+            if path not in cache:
+                cache[path] = colour_features(path)
+        return np.stack([cache[path] for path in paths])
+
+    train = frames[frames["split"] == "train"]
+    x_train = features(train, galar)
+    parts = {"val": (frames[frames["split"] == "val"], galar), "test": (test, test_root)}
+    for split, (rows, root) in parts.items():
+        x = features(rows, root)
+        probs = pd.DataFrame({"video_id": rows["video_id"].to_numpy(), "frame": rows["frame"].to_numpy()})
+        for label in LABELS:
+            y = train[label].to_numpy()
+            if y.min() == y.max():  # one class only: its training prevalence
+                probs[label] = np.float32(y.mean())
+                continue
+            fit = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=2000, random_state=seed))
+            probs[label] = fit.fit(x_train, y).predict_proba(x)[:, 1].astype(np.float32)
+        probs["valid"] = True
+        write_probs(out_dir / f"{split}.parquet", probs)
+
+
+# ---------------------------------------------------------------- stages and numbers
+
+def stage(name: str, argv: list[str]) -> None:
+    import importlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON object
+        code = importlib.import_module(f"stages.{name}").main(argv)
+    if code != 0:
+        raise SystemExit(f"stage {name} failed (exit {code})")
+
+
+def set_value(params: dict, assignment: str) -> None:
+    """Apply `section.key[.sub]=value` (value parsed as YAML) to the params dict."""
+    key, _, text = assignment.partition("=")
+    *parents, leaf = key.split(".")
+    node = params
+    for part in parents:
+        node = node[part]
+    if leaf not in node:
+        raise SystemExit(f"--set {assignment}: unknown key {key}")
+    node[leaf] = yaml.safe_load(text)
+
+
+def frame_numbers(probs_path: Path, truth: pd.DataFrame) -> dict:
+    probs = read_index(probs_path, ["video_id", "frame", "blood", "valid"])
+    joined = probs.merge(truth, on=["video_id", "frame"], suffixes=("_prob", ""), validate="one_to_one")
+    joined = joined[joined["valid"]]
+    return {"ap": round(float(average_precision_score(joined["blood"], joined["blood_prob"])), 4),
+            "auc": round(float(roc_auc_score(joined["blood"], joined["blood_prob"])), 4)}
+
+
+def event_numbers(work: Path, params_path: Path, name: str, val_probs: Path, test_probs: Path,
+                  test_gt: dict) -> dict:
+    """Thresholds, events and score of one probability set; blood's temporal AP on the test videos."""
+    p = ["--params", str(params_path)]
+    d = work / name
+    stage("thresholds", p + ["--probs", str(val_probs), "--frames", str(work / "split/frames.parquet"),
+                             "--out", str(d / "thresholds.json"), "--metrics", str(d / "thresholds_metrics.json")])
+    stage("events", p + ["--thresholds", str(d / "thresholds.json"), "--val-probs", str(val_probs),
+                         "--test-probs", str(test_probs), "--frames", str(work / "split/frames.parquet"),
+                         "--test-frames", str(work / "index/test.parquet"), "--out-dir", str(d / "events")])
+    stage("score", p + ["--events", str(d / "events/val.json"), "--test-events", str(d / "events/submission.json"),
+                        "--frames", str(work / "split/frames.parquet"), "--gt-out", str(d / "val_gt.json"),
+                        "--metrics", str(d / "score.json"), "--frame-metrics", str(d / "thresholds_metrics.json"),
+                        "--val-headline", str(d / "headline_val.json"), "--test-headline", str(d / "headline_test.json")])
+    result = score(test_gt, read_json(d / "events/submission.json", "test events"))
+    return {"temporal_ap@0.5": round(result["per_label@0.5"]["blood"], 4),
+            "temporal_ap@0.95": round(result["per_label@0.95"]["blood"], 4),
+            "test_map@0.5": round(result["map@0.5"], 4), "test_map@0.95": round(result["map@0.95"], 4)}
+
+
+def scratch_params(work: Path, assignments: list[str]) -> dict:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["data"].update(root=str(work / "videos/galar"), test_root=str(work / "videos/test"), metadata=None)
+    params["score"]["test_gt"] = str(work / "videos/test_ground_truth.json")
+    params["train"].update(num_workers=0)
+    params["predict"].update(num_workers=0)
+    for assignment in assignments:
+        set_value(params, assignment)
+    return params
+
+
+def run(work: Path, args) -> dict:
+    params = scratch_params(work, args.set)
+    params_path = work / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
+    demo = from_dict(DemoParams, params["demo"], "demo")
+    holds = {"lead": 0.15, "run": (2, 4), "background": (3, 8), "blood": (2, 4)}
+    truth = build_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, demo, holds, args.seed)
+    p = ["--params", str(params_path)]
+    w = {key: str(work / rel) for key, rel in {
+        "frames": "index/frames.parquet", "test": "index/test.parquet", "split": "split/frames.parquet",
+        "prompts": "models/prompt_embeddings.pt", "model": "models/model.pt", "predict": "predict",
+        "temporal": "temporal", "cache": "cache"}.items()}
+    stage("index", p + ["--frames-out", w["frames"], "--test-out", w["test"],
+                        "--report", str(work / "metrics/index_report.json")])
+    stage("split", p + ["--index", w["frames"], "--out", w["split"], "--metrics", str(work / "metrics/split.json")])
+    stage("prompts", p + ["--out", w["prompts"]])
+    started = time.perf_counter()
+    stage("train", p + ["--frames", w["split"], "--cache", w["cache"], "--prompts", w["prompts"],
+                        "--model-out", w["model"], "--state-dir", str(work / "models/train_state"),
+                        "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
+    train_s = time.perf_counter() - started
+    stage("predict", p + ["--model", w["model"], "--frames", w["split"], "--test", w["test"], "--cache", w["cache"],
+                          "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
+    if args.temporal:
+        stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
+                               "--metrics", str(work / "metrics/temporal.json")])
+    frames, test = read_index(w["split"]), read_index(w["test"])
+    baseline_probs(frames, test, work / "videos/galar", work / "videos/test", work / "baseline", args.seed)
+    test_gt = read_json(work / "videos/test_ground_truth.json", "test ground truth")
+    held = truth[truth["video_id"].isin(set(test["video_id"]))]
+    result = {}
+    sources = [("model", w["predict"])] + [("model+temporal", w["temporal"])] * args.temporal
+    for name, probs_dir in sources + [("baseline", str(work / "baseline"))]:
+        probs_dir = Path(probs_dir)
+        result[name] = {"frame": frame_numbers(probs_dir / "test.parquet", held),
+                        **event_numbers(work, params_path, f"events_{name}", probs_dir / "val.parquet",
+                                        probs_dir / "test.parquet", test_gt)}
+    split_videos = frames.groupby("split")["video_id"].unique()
+    train_metrics = read_json(work / "metrics/train.json", "train metrics")
+    model_cfg = json.loads((ROOT / "vce/model/configs" / f"{params['model']['source']}.json").read_text()) \
+        if params["model"]["source"] in ("tiny", "random") else {}
+    return {
+        "label": "blood", "held_out": "RARE-VISION test layout videos (never seen by train, thresholds or tuning)",
+        "results": result,
+        "data": {
+            "source": "WCEBleedGen stills (../shared/fixtures/wcebleedgen), each in one video only",
+            "videos": {"train": sorted(split_videos.get("train", []), key=int),
+                       "val": sorted(split_videos.get("val", []), key=int), "test": sorted(test["video_id"].unique())},
+            "frames": {"train": int((frames["split"] == "train").sum()), "val": int((frames["split"] == "val").sum()),
+                       "test": int(len(test))},
+            "blood_prevalence_test": round(float(held["blood"].mean()), 3),
+            "holds": {k: list(v) if isinstance(v, tuple) else v for k, v in holds.items()},
+            "seed": args.seed,
+        },
+        "settings": {
+            "model_source": params["model"]["source"],
+            "image_size": model_cfg.get("model_cfg", {}).get("vision_cfg", {}).get("image_size"),
+            "train": {k: params["train"][k] for k in ("epochs", "batch_size", "lr_head", "lr_backbone",
+                                                      "mixup_alpha", "samples_per_epoch")},
+            "augment": params["train"]["augment"], "loss": params["loss"], "fusion": params["model"]["fusion"],
+            "overrides": args.set, "thresholds_method": params["thresholds"]["method"],
+            "torch_threads": args.threads or "default",
+        },
+        "train": {"seconds": round(train_s, 1), "best_epoch": train_metrics["best"].get("epoch"),
+                  "best_val_map": train_metrics["best"].get("val_map")},
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixtures", default=str(FIXTURES), help="wcebleedgen folder (frames/, labels.csv)")
+    parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
+    parser.add_argument("--labelled", type=int, default=8, help="Galar-layout videos (train + val)")
+    parser.add_argument("--test", type=int, default=2, help="held-out test-layout videos")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the video builder")
+    parser.add_argument("--no-temporal", dest="temporal", action="store_false",
+                        help="skip the temporal stage (frame model and baseline only; quicker sweeps)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: torch's default; 1 is faster on a shared, loaded CPU)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a params.yaml value for this run (repeatable)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.work:
+        work = Path(args.work)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        result = run(work, args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="real_pixels_") as tmp:
+            result = run(Path(tmp), args)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
