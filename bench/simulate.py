@@ -29,7 +29,6 @@ Run: python -m bench.simulate [--rho 0.9] [--seed 0]   (about 4-7 minutes on 2 c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -41,8 +40,10 @@ from scipy.signal import lfilter
 from scipy.special import expit
 from scipy.stats import norm
 
-from vce.core.labels import LABEL_INDEX, LABELS
-from vce.eval.score import score
+from vce.core.labels import ANATOMY, LABEL_INDEX, LABELS, REGIONS
+from vce.core.params import from_dict, load_params
+from vce.eval.score import average_precisions, score
+from vce.post.engine import engine_submission, fit_engine, tuning_timeline
 from vce.post.events import EventParams, probs_to_submission
 from vce.post.thresholds import (
     ThresholdParams,
@@ -117,22 +118,70 @@ def maps(gt: dict, sub: dict) -> dict:
     return {"map@0.5": round(result["map@0.5"], 4), "map@0.95": round(result["map@0.95"], 4)}
 
 
+def oracle_runs(gt: dict, labels) -> dict:
+    """Each video's exact continuous runs of `labels` (merged fragments), nothing else predicted."""
+    videos = []
+    for video in gt["videos"]:
+        events = []
+        for label in labels:
+            spans = sorted((e["start"], e["end"]) for e in video["events"] if label in e["label"])
+            merged: list = []
+            for start, end in spans:
+                if merged and start <= merged[-1][1] + 1:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            events += [{"start": a, "end": b, "label": [label]} for a, b in merged]
+        videos.append({"video_id": video["video_id"], "events": events})
+    return {"videos": videos}
+
+
+def decomposition(gt: dict, sub: dict) -> dict:
+    """Per label and threshold: AP earned as silence credit (absent, left out) and on present videos.
+
+    Both are sums over videos divided by the number of videos, so silence + present = the
+    label's mean AP; `present_videos` says over how many videos the second was earned.
+    """
+    video_ids, aps = average_precisions(gt, sub)
+    by_id = {v["video_id"]: v for v in gt["videos"]}
+    present = np.array([[any(label in e["label"] for e in by_id[v]["events"]) for label in LABELS] for v in video_ids])
+    out = {}
+    for k, label in enumerate(LABELS):
+        out[label] = {"present_videos": int(present[:, k].sum())}
+        for threshold, ap in aps.items():
+            out[label][f"silence@{threshold}"] = round(float(ap[~present[:, k], k].sum() / len(video_ids)), 4)
+            out[label][f"present@{threshold}"] = round(float(ap[present[:, k], k].sum() / len(video_ids)), 4)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rho", type=float, default=0.9, help="AR(1) correlation of consecutive frames' noise")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fixture", default=str(FIXTURE))
-    parser.add_argument("--emission", default=EventParams.emission, choices=["probs", "runs"], help="anatomy decoding: region scores")
-    parser.add_argument("--switch-penalty", type=float, default=EventParams.switch_penalty, help="anatomy decoding: cost per region switch")
-    parser.add_argument("--landmarks", default=EventParams.landmarks, choices=["window", "peak"], help="anatomy decoding: landmark placement")
-    parser.add_argument("--landmark-window", type=int, default=EventParams.landmark_window, help="anatomy decoding: frames around a boundary")
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"), help="events / thresholds knobs (thresholds.engine)")
+    parser.add_argument("--videos", type=int, default=0, help="use a random subset of this many videos (0: all 80)")
+    parser.add_argument("--engine-only", action="store_true", help="skip the slow tune_on_map variants")
     args = parser.parse_args(argv)
     began = time.perf_counter()
+    params = load_params(args.params)
+    event_params = from_dict(EventParams, params["events"], "events").replace(anatomy="none")
+    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
     rng = np.random.default_rng(args.seed)
     gt = json.loads(Path(args.fixture).read_text())
+    if args.videos:
+        gt = restrict(gt, set(rng.permutation([v["video_id"] for v in gt["videos"]])[: args.videos].tolist()))
     frame_labels = frame_labels_from_events(gt)
     frame_probs = simulate_probs(frame_labels, args.rho, rng)
+    results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, args.engine_only)
+    results = {"model": {"rho": args.rho, "seed": args.seed, "auc": SEED_AUC, "videos": args.videos or len(gt["videos"])},
+               **results, "seconds": round(time.perf_counter() - began, 1)}
+    print(json.dumps(results, indent=2))
+    return 0
 
+
+def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, engine_only: bool) -> dict:
+    """Tune on a random half of the videos, score every variant on the other half (shared by simulate2)."""
     video_ids = [v["video_id"] for v in gt["videos"]]
     tune_ids = set(rng.permutation(video_ids)[: len(video_ids) // 2].tolist())
     test_ids = set(video_ids) - tune_ids
@@ -140,52 +189,40 @@ def main(argv=None) -> int:
     in_tune = frame_probs["video_id"].isin(tune_ids).to_numpy()
     probs_tune, probs_test = frame_probs[in_tune], frame_probs[~in_tune]
     labels_tune = frame_labels[in_tune][list(LABELS)].to_numpy()
-
-    threshold_params = ThresholdParams()
-    seed_thresholds = f1_thresholds(labels_tune, probs_tune[list(LABELS)].to_numpy(), threshold_params)
-    seed_params = EventParams(style="tuple", median_window=7, fill_gap=5, min_length=3, presence="none")
-    seed_sub = probs_to_submission(probs_test, seed_thresholds, seed_params)
     empty_sub = {"videos": [{"video_id": v, "events": []} for v in sorted(test_ids)]}
-    defaults_sub = probs_to_submission(probs_test, seed_thresholds, EventParams())
+    held_out = {"empty": maps(gt_test, empty_sub),
+                "oracle_region_runs": maps(gt_test, oracle_runs(gt_test, REGIONS)),
+                "oracle_anatomy_runs": maps(gt_test, oracle_runs(gt_test, ANATOMY))}
+    out: dict = {"videos": {"tune": len(tune_ids), "test": len(test_ids), "frames": len(frame_probs)}}
 
-    tuned_thresholds, tuned_params, report = tune_on_map(
-        probs_tune, gt_tune, seed_thresholds, EventParams(), threshold_params
-    )
-    ours_sub = probs_to_submission(probs_test, tuned_thresholds, tuned_params)
+    # The score engine (vce.post.engine), fitted on the tuning half only; tuning time on it.
+    engine_began = time.perf_counter()
+    engine = fit_engine(tuning_timeline(probs_tune, threshold_params.engine), gt_tune, threshold_params.engine)
+    engine_seconds = time.perf_counter() - engine_began
+    engine_sub, clinical_sub = engine_submission(probs_test, engine)
+    held_out["engine"] = maps(gt_test, engine_sub)
+    held_out["engine_clinical"] = maps(gt_test, clinical_sub)
 
-    # The same two variants with anatomy-consistent decoding (vce.anatomy), tuned the same way.
-    anatomy = EventParams(anatomy="viterbi", emission=args.emission, switch_penalty=args.switch_penalty, landmarks=args.landmarks,
-                          landmark_window=args.landmark_window)
-    anatomy_defaults_sub = probs_to_submission(probs_test, seed_thresholds, anatomy)
-    anatomy_thresholds, anatomy_params, anatomy_report = tune_on_map(
-        probs_tune, gt_tune, seed_thresholds, anatomy, threshold_params
-    )
-    anatomy_sub = probs_to_submission(probs_test, anatomy_thresholds, anatomy_params)
-
-    results = {
-        "model": {"rho": args.rho, "seed": args.seed, "auc": SEED_AUC},
-        "anatomy": {"emission": args.emission, "switch_penalty": args.switch_penalty,
-                    "landmarks": args.landmarks, "landmark_window": args.landmark_window},
-        "videos": {"tune": len(tune_ids), "test": len(test_ids), "frames": len(frame_probs)},
-        "held_out": {
-            "empty": maps(gt_test, empty_sub),
-            "seed_recipe": maps(gt_test, seed_sub),
-            "seed_recipe_present_labels_only": maps(gt_test, present_only(seed_sub, gt_test)),
-            "ours_defaults_f1_thresholds": maps(gt_test, defaults_sub),
-            "ours_tuned": maps(gt_test, ours_sub),
-            "ours_defaults_f1_thresholds_anatomy": maps(gt_test, anatomy_defaults_sub),
-            "ours_tuned_anatomy": maps(gt_test, anatomy_sub),
-        },
-        "seed_thresholds": seed_thresholds,
-        "tuned_thresholds": tuned_thresholds,
-        "tuned_event_params": dataclasses.asdict(tuned_params),
-        "tuning": {k: v for k, v in report.items() if k != "steps"},
-        "tuned_thresholds_anatomy": anatomy_thresholds,
-        "tuning_anatomy": {k: v for k, v in anatomy_report.items() if k != "steps"},
-        "seconds": round(time.perf_counter() - began, 1),
-    }
-    print(json.dumps(results, indent=2))
-    return 0
+    if not engine_only:
+        seed_thresholds = f1_thresholds(labels_tune, probs_tune[list(LABELS)].to_numpy(), threshold_params)
+        seed_params = event_params.replace(style="tuple", median_window=7, fill_gap=5, min_length=3, presence="none",
+                                           per_label={})
+        seed_sub = probs_to_submission(probs_test, seed_thresholds, seed_params)
+        held_out["seed_recipe"] = maps(gt_test, seed_sub)
+        held_out["seed_recipe_present_labels_only"] = maps(gt_test, present_only(seed_sub, gt_test))
+        held_out["ours_defaults_f1_thresholds"] = maps(gt_test, probs_to_submission(probs_test, seed_thresholds, event_params))
+        tuned_thresholds, tuned_params, report = tune_on_map(probs_tune, gt_tune, seed_thresholds, event_params, threshold_params)
+        held_out["ours_tuned"] = maps(gt_test, probs_to_submission(probs_test, tuned_thresholds, tuned_params))
+        anatomy = event_params.replace(anatomy="viterbi")
+        anatomy_thresholds, anatomy_params, _ = tune_on_map(probs_tune, gt_tune, seed_thresholds, anatomy, threshold_params)
+        held_out["ours_tuned_anatomy"] = maps(gt_test, probs_to_submission(probs_test, anatomy_thresholds, anatomy_params))
+        out["tuning_map_seconds"] = report.get("seconds")
+    out["held_out"] = held_out
+    out["engine_tuning_seconds"] = round(engine_seconds, 1)
+    out["engine_policies"] = {label: {k: v for k, v in policy.items() if k not in ("variants", "anchors")}
+                              for label, policy in engine.policies.items()}
+    out["engine_per_label"] = decomposition(gt_test, engine_sub)
+    return out
 
 
 if __name__ == "__main__":

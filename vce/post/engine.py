@@ -178,8 +178,8 @@ def _mean_probs(timeline: Timeline, k: int, starts: np.ndarray, ends: np.ndarray
 class Candidates:
     """One label's ranked events per video (time units), and the video's evidence for the gate."""
 
-    events: list  # per video: list of (start, end) in rank order; the first `clinical[v]` are the clinical ones
-    clinical: list  # per video: how many leading events are the clean, one-per-run list
+    events: list  # per video: list of (start, end) in rank order (the submission)
+    clinical: list  # per video: the clean list, one event per run (for people and the report)
     evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
 
 
@@ -207,27 +207,28 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
     spans = list(zip(timeline.time[starts[kept]].tolist(), timeline.time[ends[kept]].tolist()))
     events = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
-    return Candidates(events, [len(e) for e in events], evidence)
+    return Candidates(events, events, evidence)
 
 
 def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None) -> Candidates:
-    """Region `state`'s decoded run per video, then its `variants` ((start move, end move),
-    `learn_variants`), then its cut pieces.
+    """Region `state`'s decoded run per video, then the spans each of `variants` places on it
+    ((mode, a, b) in rank order, `learn_variants`), then its cut pieces. The clinical event is the run itself.
 
     `cuts`: per video, sorted event times where another label's event starts or ends + 1.
     """
     starts, ends = _runs_of_path(path, state)
     n_videos = len(timeline.video_ids)
     events: list = [[] for _ in range(n_videos)]
-    clinical = [0] * n_videos
+    clinical: list = [[] for _ in range(n_videos)]
     evidence = np.full(n_videos, -np.inf)
     for v, s, e in zip(_video_of(timeline, starts).tolist(), starts.tolist(), ends.tolist()):
         frames = int(timeline.observed_cum[e + 1] - timeline.observed_cum[s])
         start, end = int(timeline.time[s]), int(timeline.time[e])
-        ranked = [(start, end)]
-        for a, b in variants:
-            if start + a <= end + b and (start + a, end + b) not in ranked:
-                ranked.append((start + a, end + b))
+        ranked = []
+        for variant in [(RUN, 0, 0), *variants]:
+            a, b = place_variant(*variant, start, end)
+            if a <= b and (a, b) not in ranked:
+                ranked.append((a, b))
         if cuts is not None and v in cuts:
             inner = [c for c in cuts[v] if start < c <= end]
             edges = [start, *inner, end + 1]
@@ -236,7 +237,7 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
                 seen = set(ranked)
                 ranked += [p for p in sorted(pieces, key=lambda p: p[0] - p[1]) if p not in seen]
         events[v] = ranked
-        clinical[v] = 1
+        clinical[v] = [(start, end)]
         evidence[v] = frames
     return Candidates(events, clinical, evidence)
 
@@ -247,14 +248,14 @@ def anchored_candidates(timeline: Timeline, path: np.ndarray, landmark: str, anc
     crossings = boundaries(path, region_after)
     n_videos = len(timeline.video_ids)
     events: list = [[] for _ in range(n_videos)]
-    clinical = [0] * n_videos
+    clinical: list = [[] for _ in range(n_videos)]
     evidence = np.full(n_videos, -np.inf)
     for v, c in zip(_video_of(timeline, crossings).tolist(), crossings.tolist()):
         if events[v]:
             continue  # one boundary per video (a monotone path crosses it once)
         at = int(timeline.time[c])
         events[v] = [(at + offset, at + offset + length - 1) for offset, length in anchors]
-        clinical[v] = 1
+        clinical[v] = events[v][:1]
         evidence[v] = 1.0
     return Candidates(events, clinical, evidence)
 
@@ -280,21 +281,28 @@ def learn_anchors(timeline: Timeline, path: np.ndarray, gt: dict, landmark: str,
     return _greedy_cover(options, lambda o: (table[:, 0] + o[0], table[:, 0] + o[0] + o[1] - 1), table[:, 1:], n)
 
 
-def _greedy_cover(options: np.ndarray, predict, truth: np.ndarray, n: int) -> list:
+def _greedy_cover(options: np.ndarray, predict, truth: np.ndarray, n: int, given=None) -> list:
     """Up to `n` options, each the one whose prediction matches (tIoU >= 0.5 and >= 0.95, both
-    counted) the most ground-truth spans not matched yet; two spans at least."""
-    chosen, unmatched = [], {t: np.ones(len(truth), bool) for t in THRESHOLDS}
-    options = [tuple(o) for o in options]
+    counted) the most ground-truth spans not matched yet (two at least at one threshold), after the spans
+    that the `given` option (ranked before them all) matches."""
+    unmatched = {t: np.ones(len(truth), bool) for t in THRESHOLDS}
+
+    def hits_of(option):
+        a, b = predict(option)  # (F,) predicted span per ground-truth span
+        inter = np.maximum(0, np.minimum(b, truth[:, 1]) - np.maximum(a, truth[:, 0]) + 1)
+        iou = inter / np.maximum((b - a + 1) + (truth[:, 1] - truth[:, 0] + 1) - inter, 1)
+        return {t: (iou >= t) & unmatched[t] for t in THRESHOLDS}
+
+    if given is not None:
+        for t, hits in hits_of(given).items():
+            unmatched[t] &= ~hits
+    chosen, options = [], [tuple(o) for o in options if given is None or tuple(o) != tuple(given)]
     while len(chosen) < n and options:
         best, best_value, best_hits = None, 0, None
         for option in options:
-            a, b = predict(option)  # (F,) predicted span per ground-truth span
-            inter = np.maximum(0, np.minimum(b, truth[:, 1]) - np.maximum(a, truth[:, 0]) + 1)
-            union = (b - a + 1) + (truth[:, 1] - truth[:, 0] + 1) - inter
-            iou = inter / np.maximum(union, 1)
-            hits = {t: (iou >= t) & unmatched[t] for t in THRESHOLDS}
+            hits = hits_of(option)
             value = sum(int(h.sum()) for h in hits.values())
-            if value > best_value and hits[THRESHOLDS[0]].sum() >= 2:
+            if value > best_value and max(int(h.sum()) for h in hits.values()) >= 2:
                 best, best_value, best_hits = option, value, hits
         if best is None:
             break
@@ -305,10 +313,26 @@ def _greedy_cover(options: np.ndarray, predict, truth: np.ndarray, n: int) -> li
     return chosen
 
 
+# How a region variant (mode, a, b) places its span on a decoded run [s, e].
+RUN, FROM_START, FROM_END = 0, 1, 2  # [s + a, e + b]; [s + a, s + b]; [e + a, e + b]
+
+
+def place_variant(mode, a, b, start, end):
+    """The span variant (mode, a, b) gives on the run [start, end] (numbers or arrays)."""
+    if mode == RUN:
+        return start + a, end + b
+    base = start if mode == FROM_START else end
+    return base + a, base + b
+
+
 def learn_variants(timeline: Timeline, path: np.ndarray, gt: dict, state: int, n: int, reach: int) -> list:
-    """Up to `n` (start move, end move) of a decoded region run that match its ground-truth
-    fragments in the most tuning videos (`_greedy_cover`); fragments within `reach` frames of
-    the run's ends only (the ground truth cuts a region wherever another label starts or ends)."""
+    """Up to `n` variants (mode, a, b) of a decoded region run (`place_variant`), ranked by how
+    many of its ground-truth fragments the run itself does not match they match in the tuning
+    videos (`_greedy_cover`; the run is always ranked first: it is the likeliest fragment, and
+    appended candidates cannot lower a present label's AP). The ground truth cuts a region wherever another
+    label starts or ends, so its fragments sit at the run's ends (a landmark's frames, a moved
+    boundary): options come from fragments within `reach` frames of a run end (RUN), or wholly
+    within `reach` of its start (FROM_START) or of its end (FROM_END)."""
     if n == 0:
         return []
     region = REGIONS[state]
@@ -322,11 +346,16 @@ def learn_variants(timeline: Timeline, path: np.ndarray, gt: dict, state: int, n
             rows += [(*run, e["start"], e["end"]) for e in video["events"] if region in e["label"]]
     if not rows:
         return []
-    table = np.array(rows, np.int64)
-    moves = table[:, 2:] - table[:, :2]
-    near = (np.abs(moves[:, 0]) <= reach) | (np.abs(moves[:, 1]) <= reach)
-    options = np.unique(moves[near & ((moves != 0).any(axis=1))], axis=0)
-    return _greedy_cover(options, lambda o: (table[:, 0] + o[0], table[:, 1] + o[1]), table[:, 2:], n)
+    s, e, fs, fe = np.array(rows, np.int64).T
+    by_mode = [
+        (RUN, fs - s, fe - e, (np.abs(fs - s) <= reach) | (np.abs(fe - e) <= reach)),
+        (FROM_START, fs - s, fe - s, np.abs(fe - s) <= reach),
+        (FROM_END, fs - e, fe - e, np.abs(fs - e) <= reach),
+    ]
+    options = np.unique(np.vstack([np.stack([np.full(near.sum(), mode), a[near], b[near]], axis=1)
+                                   for mode, a, b, near in by_mode]), axis=0)
+    return _greedy_cover(options, lambda o: place_variant(o[0], o[1], o[2], s, e), np.stack([fs, fe], axis=1), n,
+                         given=(RUN, 0, 0))
 
 
 # ----------------------------------------------------------------------------- scoring one label
@@ -376,28 +405,30 @@ class LabelObjective:
         return (~self.present[label]).astype(float)
 
 
-def fit_gate(evidence: np.ndarray, emitted: np.ndarray, silent: np.ndarray) -> tuple[float, float]:
+def fit_gate(evidence: np.ndarray, emitted: np.ndarray, silent: np.ndarray) -> tuple[float | None, float]:
     """Gate g maximising sum_v (emitted_v if evidence_v >= g else silent_v): (g, that sum).
 
-    g = inf emits nothing; a chosen g is the midpoint below the weakest admitted video's evidence.
+    g = inf: emit nowhere. Otherwise g is the midpoint between the weakest admitted video's
+    evidence and the strongest rejected one's, or None (every video with evidence) when no
+    video with evidence was rejected. Videos with equal evidence are admitted together.
     """
     order = np.argsort(-evidence, kind="stable")
+    ranked = evidence[order]
     gain = np.cumsum((emitted - silent)[order])
-    can = np.isfinite(evidence[order])
+    can = np.isfinite(ranked) & np.append(ranked[1:] < ranked[:-1], True)  # the end of a tie group
     base = float(silent.sum())
     if not can.any() or gain[can].max() <= 1e-12:
         return float("inf"), base
     i = int(np.flatnonzero(can)[np.argmax(gain[can])])
-    lowest = evidence[order[i]]
-    below = evidence[order[i + 1]] if i + 1 < len(order) and np.isfinite(evidence[order[i + 1]]) else None
-    gate = float((lowest + below) / 2) if below is not None else float(lowest)
-    return gate, base + float(gain[i])
+    below = ranked[i + 1] if i + 1 < len(ranked) and np.isfinite(ranked[i + 1]) else None
+    return (float((ranked[i] + below) / 2) if below is not None else None), base + float(gain[i])
 
 
-def gated(candidates: Candidates, gate: float) -> Candidates:
-    keep = candidates.evidence >= gate
+def gated(candidates: Candidates, gate: float | None) -> Candidates:
+    """Only the videos whose evidence passes the gate (None: every video with evidence)."""
+    keep = np.isfinite(candidates.evidence) & (True if gate is None else candidates.evidence >= gate)
     return Candidates([e if k else [] for e, k in zip(candidates.events, keep)],
-                      [c if k else 0 for c, k in zip(candidates.clinical, keep)], candidates.evidence)
+                      [c if k else [] for c, k in zip(candidates.clinical, keep)], candidates.evidence)
 
 
 # ----------------------------------------------------------------------------- fitting (phases)
@@ -484,7 +515,8 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     for region in REGIONS:
         c = candidates[region]
         gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
-        engine.policies[region].update(gate=gate, tuning_ap=round(value / max(len(c.evidence), 1), 4))
+        policy = {"kind": "off"} if gate == float("inf") else {**engine.policies[region], "gate": gate}
+        engine.policies[region] = {**policy, "tuning_ap": round(value / max(len(c.evidence), 1), 4)}
     engine.report = {"seconds": round(time.perf_counter() - began, 1), "evaluations": objective.evaluations,
                      "switch_penalty": penalty}
     return engine
@@ -510,12 +542,14 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
     if engine.region_cuts:
         cuts = {}
         for c in out.values():
-            for v, (events, n) in enumerate(zip(c.events, c.clinical)):
-                for s, e in events[:n]:
+            for v, events in enumerate(c.clinical):
+                for s, e in events:
                     cuts.setdefault(v, set()).update((s, e + 1))
         cuts = {v: sorted(times) for v, times in cuts.items()}
     for state, region in enumerate(REGIONS):
         policy = engine.policies[region]
+        if policy["kind"] == "off":
+            continue
         c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts)
         out[region] = gated(c, policy["gate"]) if gate_regions else c
     return out
@@ -542,7 +576,7 @@ def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict
                 continue
             c = candidates[label]
             ranked += [{"start": s, "end": e, "label": [label]} for s, e in c.events[v]]
-            clean += [{"start": s, "end": e, "label": [label]} for s, e in c.events[v][: c.clinical[v]]]
+            clean += [{"start": s, "end": e, "label": [label]} for s, e in c.clinical[v]]
         submission.append({"video_id": video_id, "events": ranked})
         clinical.append({"video_id": video_id, "events": sorted(clean, key=lambda e: (e["start"], e["end"], e["label"]))})
     return {"videos": submission}, {"videos": clinical}
