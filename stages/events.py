@@ -3,6 +3,10 @@
 Writes the validation events (scored by `score`) and the test-set submission, each as the
 official JSON and an .xlsx (video_id, start, end, label). Post-processing knobs come from
 params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: map` tuned them.
+With `thresholds.method: engine` the fitted score engine (`vce.post.engine`) writes both lists:
+`val.json` / `submission.json` the metric-optimal submission (candidates appended per label),
+`clinical_val.json` / `clinical_submission.json` one event per run, for people and the report.
+Without it the two lists are the same events.
 `post.probs` picks the probabilities: the frame model's (`data/predict`) or the temporal
 model's (`data/temporal`); `events.anatomy: viterbi` decodes regions as one monotone path.
 """
@@ -21,6 +25,7 @@ from vce.core.io import write_json
 from vce.core.labels import check_labels
 from vce.core.params import PostParams, from_dict, load_params
 from vce.eval.score import check_submission
+from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission, write_xlsx
 from vce.post.timeline import join_probs
 
@@ -57,6 +62,12 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
     return thresholds, saved.get("events")
 
 
+def load_engine(path: str) -> Engine | None:
+    """The fitted score engine of thresholds.json (`thresholds.method: engine`), else None."""
+    saved = json.loads(Path(path).read_text()).get("engine")
+    return Engine.from_dict(saved, f"{path}:engine") if saved else None
+
+
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -64,6 +75,7 @@ def main(argv=None) -> int:
     event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs
     thresholds, tuned = load_thresholds(args.thresholds)
+    engine = load_engine(args.thresholds)
     if tuned:
         event_params = from_dict(EventParams, tuned, f"{args.thresholds}:events")
     probs_dir = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
@@ -73,9 +85,13 @@ def main(argv=None) -> int:
     for name, probs_path, frames_path in (("val", val_probs, args.frames),
                                           ("submission", test_probs, args.test_frames)):
         probs, _ = join_probs(read_index(probs_path), read_index(frames_path))
-        submission = probs_to_submission(probs, thresholds, event_params)
+        if engine is not None:  # metric-optimal submission and the clean clinical list
+            submission, clinical = engine_submission(probs, engine)
+        else:
+            submission = clinical = probs_to_submission(probs, thresholds, event_params)
         check_submission(submission, where=f"{name} events")
         write_json(out / f"{name}.json", submission, indent=None)
+        write_json(out / f"clinical_{name}.json", clinical, indent=None)
         write_xlsx(submission, out / f"{name}.xlsx")
         events = sum(len(video["events"]) for video in submission["videos"])
         print(f"{name}: {len(submission['videos'])} video(s), {events} event(s) → {out / (name + '.json')}")

@@ -2,7 +2,8 @@
 
 `thresholds.method: f1` maximises per-class frame F1 (the seed's way); `map` then tunes the
 thresholds and the event post-processing directly on validation temporal mAP, the score
-that counts. `post.probs` picks the validation probabilities: the frame model's
+that counts; `engine` fits the score engine (`vce.post.engine`: decoded regions, learned
+candidates and presence gates) on the validation videos instead. `post.probs` picks the validation probabilities: the frame model's
 (`data/predict`) or the temporal model's (`data/temporal`). Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
 """
 
@@ -18,8 +19,9 @@ from vce.core.contracts import read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS
-from vce.core.params import PostParams, from_dict, load_params
+from vce.core.params import BaseParams, PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
+from vce.post.engine import fit_engine, tuning_timeline
 from vce.post.events import EventParams, labels_to_submission
 from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
 from vce.post.timeline import join_probs, labels_on_time
@@ -46,6 +48,7 @@ def main(argv=None) -> int:
     source = from_dict(PostParams, params["post"], "post").probs
     threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
     event_params = from_dict(EventParams, params["events"], "events")
+    seed = from_dict(BaseParams, params["base"], "base").seed
     frames = read_index(args.frames)
     probs_path = args.probs or str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
     probs, labels = join_probs(read_index(probs_path), frames)
@@ -57,14 +60,19 @@ def main(argv=None) -> int:
     y_true = labels[valid]
     y_prob = probs[list(LABELS)].to_numpy()[valid]
     thresholds = f1_thresholds(y_true, y_prob, threshold_params)
-    tuned_events, report = None, {}
-    if threshold_params.method == "map":
+    tuned_events, engine, report = None, None, {}
+    if threshold_params.method in ("map", "engine"):
         val_frames = frames[frames["video_id"].isin(set(probs["video_id"]))]
         gt = labels_to_submission(labels_on_time(val_frames))
+    if threshold_params.method == "map":
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
         tuned_events = tuned.model_dump()
+    elif threshold_params.method == "engine":  # the score engine, fitted on the validation videos
+        fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed)
+        engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)
-    write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events})
+    write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events,
+                          "engine": engine})
     write_json(args.metrics, {
         "method": threshold_params.method,
         "probs": source,
