@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from vce.core import runner
 from vce.core.io import atomic_paths, json_text
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     parser.add_argument("--test-out", default="data/index/test.parquet", help="test frame index written")
     parser.add_argument("--report", default="metrics/index_report.json", help="counts and warnings of the listing")
     args = parser.parse_args(argv)
+    began = time.perf_counter()
     cfg = load_section(args.params, "data", DataParams)
     frames, test, report = build_index(cfg)
     for line in report.summary_lines():
@@ -39,7 +41,8 @@ def main(argv=None) -> int:
     galar, held_out = report.layouts["galar"], report.layouts["test"]
     print(f"indexed {galar['frames']} labelled frames of {galar['videos']} videos, "
           f"{held_out['frames']} test frames of {held_out['videos']} videos, "
-          f"{sum(report.counts.values())} warnings -> {args.report}")
+          f"{sum(report.counts.values())} warnings, {time.perf_counter() - began:.1f} s -> {args.frames_out}, "
+          f"{args.test_out}, {args.report}")
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from vce.core import runner
 from vce.core.params import BaseParams, from_dict, load_params
@@ -23,6 +24,7 @@ def parse_args(argv):
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    began = time.perf_counter()
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
     import torch
 
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
     torch.manual_seed(from_dict(BaseParams, params["base"], "base").seed)  # the random text tower of tiny / random sources
     embeddings = compute_prompt_embeddings(model_params, prompt_params.templates)
     save_prompt_embeddings(args.out, embeddings, prompt_params.templates, model_params.source)
-    print(f"prompt embeddings {tuple(embeddings.shape)} from {model_params.source} -> {args.out}")
+    print(f"prompts: embeddings {tuple(embeddings.shape)} from {model_params.source}, "
+          f"{time.perf_counter() - began:.1f} s -> {args.out}")
     return 0
 
 

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     write_json(args.metrics, summary)
     print(f"split {sum(summary['n_videos'].values())} videos: {summary['n_videos']['train']} "
           f"train, {summary['n_videos']['val']} val; labels without validation positives: "
-          f"{summary['labels_without_val_positives'] or 'none'}")
+          f"{summary['labels_without_val_positives'] or 'none'} -> {args.out}, {args.metrics}")
     return 0
 
 
