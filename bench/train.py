@@ -35,6 +35,7 @@ from vce.data.dataset import (
     train_transform,
 )
 from vce.data.frame_cache import CachedFrameDataset, FrameCache
+from vce.data.frames import resize_frame
 from vce.model.frame_model import ModelParams, create_model
 from vce.train.losses import LossParams, VCELoss
 from vce.train.trainer import Trainer, TrainParams
@@ -50,8 +51,7 @@ def write_cache(folder: Path, n_frames: int, size: int, stills: Path) -> FrameCa
     sources = sorted(stills.glob("*.png"))
     if not sources:
         raise SystemExit(f"no stills found in {stills} (pass --stills)")
-    base = np.stack([cv2.cvtColor(cv2.resize(cv2.imread(str(p)), (size, size), interpolation=cv2.INTER_CUBIC),
-                                  cv2.COLOR_BGR2RGB) for p in sources])
+    base = np.stack([resize_frame(cv2.cvtColor(cv2.imread(str(p)), cv2.COLOR_BGR2RGB), size) for p in sources])
     folder.mkdir(parents=True, exist_ok=True)
     pixels = np.lib.format.open_memmap(folder / "pixels.npy", mode="w+", dtype=np.uint8,
                                        shape=(n_frames, size, size, 3))
