@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     for r in results:
         print(f"report: {r.scored.name:<10}  mAP@0.5 = {r.score['map@0.5']:.4f}   mAP@0.95 = {r.score['map@0.95']:.4f}"
               f"   empty submission = {r.empty['map@0.5']:.4f}")
-    print(f"report: wrote {args.report} and {args.plots_dir}/ ({sum(len(r.rows) for r in results)} timelines at most)")
+    print(f"report: wrote {args.report} and {args.plots_dir}/")
     return 0
 
 

@@ -27,7 +27,7 @@ from vce.post.timeline import labels_on_time
 ROOT = Path(__file__).resolve().parents[1]
 
 FRAMES_PER_VIDEO = 300
-TINY = dict(curve_points=50, timeline_width=6.0, timeline_dpi=60, videos=[])
+TINY = dict(curve_points=50, timeline_width=8.0, timeline_dpi=60, videos=[])
 
 
 def _tiny_validation(seed: int = 0):
@@ -262,7 +262,7 @@ def test_timeline_draws_fragment_boundaries_and_the_matching_counts(written, tmp
     frames = scored.probs[scored.probs["video_id"] == "7"]
     drawn = plot_timeline(tmp_path / "7.png", rows, frames["t"].to_numpy(), frames[list(LABELS)].to_numpy(),
                           inputs["saved_thresholds"]["thresholds"], (0, FRAMES_PER_VIDEO - 1), "index", "t",
-                          width=6, dpi=60)
+                          width=8, dpi=60)
     # Small intestine 100-299 with the ulcer inside: 3 touching fragments, 2 boundaries; nothing else touches.
     assert drawn["boundaries"] == 2
     assert drawn["gt_fragments"] == 5  # stomach 1, small intestine 3, ulcer 1

@@ -91,6 +91,11 @@ def _threshold_text(value: float) -> str:
     return f"off ({value:g})" if value > 1.0 else f"{value:.2f}"
 
 
+def _knob(value) -> str:
+    """A params value as params.yaml writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -152,7 +157,7 @@ def _events_section(saved: dict, probs_source: str, configured_events: dict | No
             if key == "per_label":
                 continue
             configured = (configured_events or {}).get(key, "–")
-            rows.append([f"`{key}`", f"{value}", f"{configured}", "tuned" if configured not in ("–", value) else ""])
+            rows.append([f"`{key}`", _knob(value), _knob(configured), "tuned" if configured not in ("–", value) else ""])
         parts += ["  " + line for line in _table(["knob", "used", "params.yaml", ""], rows).splitlines()]
         for label, overrides in (events.get("per_label") or {}).items():
             parts.append(f"  - per-label override, {label}: "

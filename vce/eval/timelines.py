@@ -20,9 +20,11 @@ row averages to `vce.eval.score.score`'s per-video mAP (tests hold them equal).
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image
 
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS, NUM_LABELS
@@ -146,7 +148,7 @@ def plot_timeline(
     from matplotlib.patches import Patch
 
     first, last = time_range
-    row_inches = 0.5
+    row_inches = 0.6
     fig, ax = plt.subplots(figsize=(width, 1.5 + row_inches * NUM_LABELS), dpi=dpi)
     min_width = (last - first + 1) / (width * dpi)  # one pixel, in time units: one-frame events stay visible
     drawn = {"boundaries": 0, "gt_fragments": 0, **{f"{kind}@{t}": 0 for t in THRESHOLDS for kind in ("tp", "fp")}}
@@ -162,30 +164,30 @@ def plot_timeline(
     for k, row in enumerate(rows):
         y = NUM_LABELS - 1 - k  # first label on top; the row spans [y, y + 1]
         # 1. Ground-truth fragments and the boundaries between touching ones.
-        bars(row.gt, y + 0.70, 0.22, GT_COLOR)
+        bars(row.gt, y + 0.74, 0.20, GT_COLOR)
         boundaries = fragment_boundaries(row.gt)
         if boundaries:
-            ax.vlines(boundaries, y + 0.66, y + 0.96, colors=BOUNDARY_COLOR, linewidth=1.0)
+            ax.vlines(boundaries, y + 0.71, y + 0.97, colors=BOUNDARY_COLOR, linewidth=1.0)
         drawn["boundaries"] += len(boundaries)
         drawn["gt_fragments"] += len(row.gt)
         # 2. Predictions, coloured by the official matching at each tIoU.
-        for threshold, bottom in zip(THRESHOLDS, (y + 0.50, y + 0.34)):
+        for threshold, bottom in zip(THRESHOLDS, (y + 0.60, y + 0.47)):
             hits = row.hits[threshold]
-            bars(row.pred, bottom, 0.14, [TP_COLOR if hit else FP_COLOR for hit in hits])
+            bars(row.pred, bottom, 0.11, [TP_COLOR if hit else FP_COLOR for hit in hits])
             drawn[f"tp@{threshold}"] += sum(hits)
             drawn[f"fp@{threshold}"] += len(hits) - sum(hits)
         touching = fragment_boundaries(row.pred)  # adjacent predicted events: a white gap keeps them apart
         if touching:
-            ax.vlines(touching, y + 0.34, y + 0.64, colors="white", linewidth=1.0)
+            ax.vlines(touching, y + 0.47, y + 0.71, colors="white", linewidth=1.0)
         # 3. Probability trace in the row's bottom band, threshold dashed.
-        band_low, band_height = y + 0.04, 0.26
-        ax.plot(trace_t, band_low + band_height * trace_probs[:, k], color=TRACE_COLOR, linewidth=0.6)
+        band_low, band_height = y + 0.04, 0.38
+        ax.plot(trace_t, band_low + band_height * trace_probs[:, k], color=TRACE_COLOR, linewidth=0.7)
         threshold = float(thresholds[row.label])
         if threshold <= 1.0:
             ax.hlines(band_low + band_height * threshold, first, last + 1, colors=THRESHOLD_COLOR,
                       linewidth=0.7, linestyles=(0, (3, 2)))
         ax.axhline(y, color="#ced4da", linewidth=0.6)
-        right_labels.append(f"tAP {row.ap[0.5]:.2f} / {row.ap[0.95]:.2f}   GT {len(row.gt)}, pred {len(row.pred)}")
+        right_labels.append(f"{row.ap[0.5]:.2f} / {row.ap[0.95]:.2f}   {len(row.gt)} / {len(row.pred)}")
     ax.set_ylim(0, NUM_LABELS)
     ax.set_xlim(first, last + 1)
     left_labels = [f"{row.label}  (thr {'off' if float(thresholds[row.label]) > 1.0 else f'{thresholds[row.label]:.2f}'})"
@@ -196,7 +198,7 @@ def plot_timeline(
     right.set_ylim(0, NUM_LABELS)
     right.set_yticks(np.arange(NUM_LABELS) + 0.5, labels=list(reversed(right_labels)), fontsize=7.5)
     right.tick_params(axis="y", length=0)
-    right.set_ylabel("row tAP @0.5 / @0.95, ground-truth fragments, predicted events", fontsize=8)
+    right.set_ylabel("row tAP @0.5 / @0.95     ground-truth fragments / predicted events", fontsize=8)
     ax.set_xlabel(UNIT_AXIS.get(unit, f"event time ({unit})"), fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.set_title(title, fontsize=10, loc="left", pad=22)
@@ -204,12 +206,16 @@ def plot_timeline(
                        Line2D([], [], color=BOUNDARY_COLOR, label="fragment boundary"),
                        Patch(color=TP_COLOR, label="prediction TP"),
                        Patch(color=FP_COLOR, label="prediction FP (strips: tIoU 0.5, then 0.95)"),
-                       Line2D([], [], color=TRACE_COLOR, label="probability"),
+                       Line2D([], [], color=TRACE_COLOR, label="probability (bottom band, 0 to 1)"),
                        Line2D([], [], color=THRESHOLD_COLOR, linestyle=(0, (3, 2)), label="threshold")],
               loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=6, fontsize=7.5, frameon=False,
               borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
     plt.close(fig)
+    # A 64-colour palette keeps the flat colours and cuts the git-tracked PNG to about a third.
+    image = Image.open(buffer).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="png", optimize=True)
     return drawn
