@@ -212,4 +212,22 @@ def test_params_are_checked_with_their_key():
     with pytest.raises(ParamsError, match="model.fusion"):
         from_dict(ModelParams, {**repo_params()["model"], "fusion": "max"}, "model")
     with pytest.raises(ParamsError, match="model.dropout"):
-        from_dict(ModelParams, {"dropout": 1.5}, "model")
+        from_dict(ModelParams, {**repo_params()["model"], "dropout": 1.5}, "model")
+
+
+def test_diff_init_preserving_keeps_the_pretrained_tower_function(tmp_path):
+    """model.diff_init: preserving — the converted image tower equals the checkpoint's at step 0."""
+    clip = write_local_dir(tmp_path / "ckpt", tiny_config())
+    source = f"local-dir:{tmp_path / 'ckpt'}"
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        original = clip.visual(x)
+        preserving = create_model(section_params(ModelParams, "model", source=source, diff_init="preserving"))
+        neutral = create_model(section_params(ModelParams, "model", source=source, diff_init="neutral"))
+        torch.testing.assert_close(preserving.eval()(x)["embedding"], original, rtol=0, atol=1e-5)
+        assert not torch.allclose(neutral.eval()(x)["embedding"], original, atol=1e-2)
+    rebuilt = build_from_config(preserving.arch_config)  # the checkpoint's arch names the scheme
+    rebuilt.load_state_dict(preserving.state_dict())
+    assert preserving.arch_config["diff_init"] == "preserving"
+    with pytest.raises(ParamsError, match="model.diff_init"):
+        section_params(ModelParams, "model", diff_init="exact")
