@@ -121,6 +121,19 @@ def merged_runs(segments: list[tuple[int, int]]) -> int:
     return runs
 
 
+def _palette() -> Image.Image:
+    """A "P" image whose palette is every drawing colour at 16 blends towards white, plus greys."""
+    colours = [GT_COLOR, BOUNDARY_COLOR, TP_COLOR, FP_COLOR, TRACE_COLOR, THRESHOLD_COLOR, "#ced4da", "#000000"]
+    entries = []
+    for colour in colours:
+        rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.float64)
+        entries += [np.round(rgb + (255.0 - rgb) * k / 16) for k in range(16)]
+    entries += [np.full(3, v) for v in np.linspace(0, 255, 256 - len(entries))]
+    palette = Image.new("P", (1, 1))
+    palette.putpalette(np.clip(entries, 0, 255).astype(np.uint8).ravel().tolist())
+    return palette
+
+
 def plot_timeline(
     path,
     rows: list[RowMatches],
@@ -214,8 +227,9 @@ def plot_timeline(
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     plt.close(fig)
-    # A 64-colour palette keeps the flat colours and cuts the git-tracked PNG to about a third.
-    image = Image.open(buffer).convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT)
+    # A fixed palette (every colour drawn, blended towards white) keeps each colour exact, even a
+    # rare one an adaptive palette would drop, and cuts the git-tracked PNG to about a quarter.
+    image = Image.open(buffer).convert("RGB").quantize(palette=_palette(), dither=Image.Dither.NONE)
     with atomic_path(path) as tmp:
         image.save(tmp, format="png", optimize=True)
     return drawn
