@@ -8,20 +8,26 @@ decomposes the same way (one label's events never change another label's AP):
    on *calibrated* emissions: a multinomial logistic regression from the five region logits to
    the true region, fitted on the tuning frames, so the emission is log P(region | frame). The
    switch penalty is picked on the tuning videos' region APs (`phase_regions`).
-2. A region's submission events, in rank order: its merged run, then boundary variants (start
-   and end moved as the tuning ground truth's fragments sit around decoded runs), then the run cut at the start and end of every other
-   label's events of the video (the official ground truth is cut wherever the set of active
-   labels changes: `make_json`). Candidates appended after a present label's first events can
-   only add to its AP (a later false positive adds a zero term; a later match adds
-   precision × recall step) — `tests/test_score.py` holds the scorer to that.
+2. A region's submission events, in rank order: its merged run; then learned variants of it
+   (`learn_variants`: spans placed relative to the run's start and end where the tuning ground
+   truth's fragments sit, e.g. the run minus a landmark's frames at its end); then the run cut
+   at the start and end of every other label's emitted events (the official ground truth is cut
+   wherever the set of active labels changes: `make_json`). Candidates appended after a present
+   label's first events can only add to its AP (a later false positive adds a zero term; a
+   later match adds precision × recall step) — `tests/test_engine.py` holds the scorer to that.
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
    absent) and thresholded, median-filtered runs over a small grid, ranked by mean probability,
    at most `top_k` per video; landmarks may also be `anchored`: events at offsets and lengths
-   from the decoded boundary they mark, learned from the tuning ground truth (`phase_labels`).
+   from the decoded boundary they mark, learned from the tuning ground truth and chosen only
+   if they win when learned on the other half of the tuning videos (`phase_labels`). A finding
+   must beat silence by `min_gain` summed AP to be emitted at all.
 4. **Presence per (video, label)**: a label is emitted in a video only when the video's evidence
    (its decoded run length for a region, its strongest event's mean probability otherwise)
    reaches a gate fitted on the tuning videos to maximise the label's summed AP, knowing that
    an absent label left silent scores 1 and a present one 0 (`fit_gate`).
+
+Not here yet: duration priors on the region path, hysteresis thresholds, an anatomy → finding
+compatibility gate.
 
 `fit_engine` learns everything from the tuning videos' probabilities and ground truth only;
 `engine_submission` applies it to other videos and returns the metric-optimal submission and
@@ -61,6 +67,7 @@ class EngineParams(Section):
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
     min_gain: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much summed AP
+    recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
     objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
     calibration_frames: int = Field(ge=100)  # frames sampled to fit the region calibration
 
@@ -75,17 +82,18 @@ class Engine:
     region_cuts: bool
     top_k: int
     policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|runs|anchored, knobs, "gate"}
+    centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
     report: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {key: getattr(self, key) for key in
-                ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies")}
+                ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres")}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "engine") -> Engine:
         try:
             engine = cls(**{key: data[key] for key in
-                            ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies")})
+                            ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres")})
         except (KeyError, TypeError) as err:
             raise DataError(f"{where}: not a fitted score engine ({err})") from None
         missing = [label for label in LABELS if label not in engine.policies]
@@ -156,6 +164,26 @@ def _runs_of_path(path: np.ndarray, state: int) -> tuple[np.ndarray, np.ndarray]
     mask = (path == state).view(np.int8)
     edges = np.diff(mask, prepend=np.int8(0), append=np.int8(0))
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+
+
+def recentred(timeline: Timeline, centres: list) -> Timeline:
+    """A copy of `timeline` whose labels with a centre have their logits moved, per video, so that
+    the video's median logit is that centre: a capsule (or a video) that reads every frame a
+    little more "blood" than another no longer fires everywhere (findings are rare, so a
+    video's median frame is a negative one)."""
+    probs = timeline.probs.copy()
+    bounds = np.append(timeline.video_first, probs.shape[1])
+    for k, centre in enumerate(centres):
+        if centre is None:
+            continue
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            seen = timeline.observed[lo:hi]
+            if seen.any():
+                z = _logits(probs[k, lo:hi])
+                z += centre - np.median(z[seen])
+                probs[k, lo:hi] = np.where(seen, 1 / (1 + np.exp(-z)), np.nan)
+    return Timeline(timeline.video_ids, timeline.video_first, timeline.time, timeline.observed, probs,
+                    timeline.observed_cum, timeline.max_reach)
 
 
 # ----------------------------------------------------------------------------- candidates per label
@@ -501,6 +529,11 @@ def _cross_fitted_anchors(timeline, objective: LabelObjective, path, gt: dict, l
 def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> Engine:
     """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`)."""
     began = time.perf_counter()
+    centres = None
+    if params.recentre and timeline.observed.any():
+        centres = [None if label in REGION_SET else float(np.median(_logits(timeline.probs[k][timeline.observed])))
+                   for k, label in enumerate(LABELS)]
+        timeline = recentred(timeline, centres)
     objective = LabelObjective(timeline, gt, params.objective)
     coef, intercept = fit_calibration(timeline, region_truth(timeline, gt), params.calibration_frames, seed)
     _, penalty, path, region_policies = phase_regions(timeline, objective, params, coef, intercept)
@@ -509,7 +542,7 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
         region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
                                                              params.variant_reach)
     engine = Engine(coef, intercept, penalty, params.region_cuts, params.top_k,
-                    {label: {**region_policies, **label_policies}[label] for label in LABELS})
+                    {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres)
     # The region gates again, now with the variants and cut pieces appended.
     candidates = _all_candidates(timeline, engine, path, gate_regions=False)
     for region in REGIONS:
@@ -566,6 +599,8 @@ def _reach(engine: Engine) -> int:
 
 
 def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
+    if engine.centres is not None:
+        timeline = recentred(timeline, engine.centres)
     path = decode_regions(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty)
     candidates = _all_candidates(timeline, engine, path)
     submission, clinical = [], []
