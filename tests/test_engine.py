@@ -3,12 +3,13 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import section_params
+from conftest import repo_params, section_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
+from vce.core.params import ParamsError, from_dict
 from vce.eval.score import check_submission, score
 from vce.post.engine import (
     FROM_END,
@@ -191,6 +192,26 @@ def test_engine_end_to_end_beats_empty_and_writes_two_lists():
     assert engine_submission(test, again) == (submission, clinical)
 
 
+def test_engine_params_name_the_key():
+    for key, value, message in (("median_windows", [2], "thresholds.engine.median_windows"),
+                                ("thresholds", [1.5], "thresholds.engine.thresholds"),
+                                ("objective", "auc", "thresholds.engine.objective")):
+        values = repo_params()["thresholds"]
+        values["engine"][key] = value
+        with pytest.raises(ParamsError, match=message):
+            from_dict(ThresholdParams, values, "thresholds")
+
+
 def test_engine_from_dict_names_the_file():
     with pytest.raises(DataError, match="models/thresholds.json:engine"):
         Engine.from_dict({"coef": []}, "models/thresholds.json:engine")
+
+
+def test_no_frames_and_invalid_frames_give_valid_empty_lists():
+    frame_probs, gt = _videos(1)  # one tuning video, as a demo's validation split may be
+    params = _engine_params()
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    assert engine_submission(frame_probs.iloc[:0], engine) == ({"videos": []}, {"videos": []})
+    invalid = frame_probs.assign(valid=False)
+    nothing = {"videos": [{"video_id": "v0", "events": []}]}
+    assert engine_submission(invalid, engine) == (nothing, nothing)

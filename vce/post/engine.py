@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pandas as pd
@@ -46,7 +46,7 @@ from pydantic import Field
 
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
-from vce.core.params import Section
+from vce.core.params import OddInt, Section
 from vce.eval.score import THRESHOLDS, average_precisions
 from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
 from vce.post.events import Timeline, build_timeline, smooth_runs
@@ -57,13 +57,13 @@ REGION_SET = set(REGIONS)
 class EngineParams(Section):
     """`thresholds.engine`: what the score engine searches (its fitted values go to thresholds.json)."""
 
-    switch_penalties: list[float] = Field(min_length=1)  # region path: switch penalties tried (log-probability units)
+    switch_penalties: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)  # region path: switch penalties tried (log-probability units)
     region_variants: int = Field(ge=0)  # region candidates: learned (start, end) moves appended after the run
     variant_reach: int = Field(ge=0)  # region candidates: learn from fragments within this many frames of a run end
     region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
-    thresholds: list[float] = Field(min_length=1)  # findings/landmarks: run thresholds tried
-    median_windows: list[int] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
-    min_lengths: list[int] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
+    thresholds: list[Annotated[float, Field(ge=0, le=1)]] = Field(min_length=1)  # findings/landmarks: run thresholds tried
+    median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
+    min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
     min_gain: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much summed AP
