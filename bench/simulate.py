@@ -21,9 +21,15 @@ mAP@0.5/0.95 of an empty submission, the seed's recipe (F1 thresholds, w=7, g=5,
 events, no presence decision), the seed's events kept only for labels truly present in each video
 (an oracle presence decision), ours with default parameters and F1 thresholds, and ours tuned;
 then the last two again with anatomy-consistent decoding (`events.anatomy: viterbi`: regions as
-one monotone path per video, landmarks only near its boundaries), tuned by the same search.
+one monotone path per video, landmarks only near its boundaries), tuned by the same search
+(ours tuned with anatomy decoding). First of all: the score engine (`vce.post.engine`, knobs
+from params.yaml `thresholds.engine`) fitted on the tuning half, its metric-optimal submission
+and its clinical list, the oracle ceilings (the exact region runs alone; the exact runs of all 8
+anatomy labels), the engine's fitting time and, per label, the AP it earns as silence credit
+and on the videos where the label is present (`engine_per_label`).
 
-Run: python -m bench.simulate [--rho 0.9] [--seed 0]   (about 4-7 minutes on 2 cores)
+Run: python -m bench.simulate [--rho 0.9] [--seed 0] [--videos N] [--engine-only]
+(about 4-7 minutes on 2 cores; --engine-only about 1.5)
 """
 
 from __future__ import annotations
