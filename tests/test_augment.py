@@ -117,6 +117,6 @@ def test_jitter_order_is_per_sample():
 
 def test_erasing_fills_the_box_only():
     images = torch.ones(1, 3, 10, 10)
-    out = _erase(images, identity(1, 10, erase=np.array([[2, 3, 4, 5]])), 0.5)
-    assert (out[0, :, 2:6, 3:8] == 0.5).all()
-    assert out.sum() == 3 * (100 - 20) + 3 * 20 * 0.5
+    out = _erase(images, identity(1, 10, erase=np.array([[2, 3, 4, 5]])), [51, 102, 153])
+    assert torch.allclose(out[0, :, 2:6, 3:8], torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1).expand(3, 4, 5))
+    assert torch.allclose(out.sum(), torch.tensor(3 * (100 - 20) + 20 * (0.2 + 0.4 + 0.6)))

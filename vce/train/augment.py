@@ -10,7 +10,8 @@ the same chain with the same parameter distributions as torchvision v2:
 2. RandomHorizontalFlip(hflip), RandomVerticalFlip(vflip);
 3. RandomRotation(±rotation), fill 0;
 4. ColorJitter(brightness, contrast, saturation, hue), the four in a random order per sample;
-5. RandomErasing(erasing, scale=(0.02, 0.33), ratio=(0.3, 3.3)), fill `erasing_value`.
+5. RandomErasing(erasing, scale=(0.02, 0.33), ratio=(0.3, 3.3)), the uint8 fill per channel of
+   `vce.data.dataset.erasing_value` (black or the model's mean colour).
 
 Steps 1-3 are one affine `grid_sample` per batch (bilinear; torchvision resizes the crop with
 antialiased bilinear and rotates with nearest, so pixels differ slightly while the parameter
@@ -181,17 +182,19 @@ def _color(images: torch.Tensor, params: AugmentDraw) -> torch.Tensor:
     return images
 
 
-def _erase(images: torch.Tensor, params: AugmentDraw, value: float) -> torch.Tensor:
+def _erase(images: torch.Tensor, params: AugmentDraw, fill) -> torch.Tensor:
+    """Set each sample's erase box to `fill` (3 uint8 values, or one for every channel)."""
     size = images.shape[-1]
     device = images.device
+    value = (torch.as_tensor(fill, dtype=torch.float32, device=device) / 255).reshape(1, -1, 1, 1)
     top, left, h, w = (torch.as_tensor(params.erase[:, k], device=device).view(-1, 1, 1) for k in range(4))
     rows = torch.arange(size, device=device).view(1, -1, 1)
     cols = torch.arange(size, device=device).view(1, 1, -1)
     box = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)  # (B, S, S)
-    return torch.where(box.unsqueeze(1), torch.full_like(images, value), images)
+    return torch.where(box.unsqueeze(1), value.expand_as(images), images)
 
 
-def augment_batch(images: torch.Tensor, seeds, out_size: int, aug, erasing_value: float = 0.0) -> torch.Tensor:
+def augment_batch(images: torch.Tensor, seeds, out_size: int, aug, fill=(0, 0, 0)) -> torch.Tensor:
     """uint8 (B, 3, L, L) on any device → augmented uint8 (B, 3, S, S) on the same device.
 
     Returning uint8 keeps one normalisation path (`normalize_batch`) for both augmentation
@@ -200,5 +203,5 @@ def augment_batch(images: torch.Tensor, seeds, out_size: int, aug, erasing_value
     params = draw(seeds, images.shape[-1], out_size, aug)
     out = _geometry(images, params, out_size)
     out = _color(out, params)
-    out = _erase(out, params, erasing_value)
+    out = _erase(out, params, fill)
     return out.mul_(255).round_().clamp_(0, 255).to(torch.uint8)
