@@ -16,7 +16,8 @@ STAGES = ["train", "predict", "temporal", "thresholds", "events", "score", "repo
 
 def test_no_test_set_runs_every_stage_and_writes_an_empty_submission(tmp_path):
     """`data.test_root: null` (documented): predict → … → report end to end, submission empty."""
-    args = prepare_demo(tmp_path, data={"test_root": None}, score={"test_gt": None})
+    args = prepare_demo(tmp_path, data={"test_root": None}, score={"test_gt": None},
+                        train={"epochs": 1}, temporal={"steps": 20}, thresholds={"rounds": 1})
     assert len(pd.read_parquet(tmp_path / "index/test.parquet")) == 0
     for name in STAGES:
         assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
@@ -224,3 +225,23 @@ def test_a_nan_threshold_is_an_error_naming_label_and_file(tmp_path):
     path.write_text("{not json")
     with pytest.raises(DataError, match=rf"^{path}: not valid JSON"):
         events_stage.load_thresholds(str(path))
+
+
+def test_disk_full_while_saving_a_checkpoint_is_one_oserror_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """torch reports a failed write as RuntimeError; the runner prints OSError in one line."""
+    import torch
+
+    from vce.model import checkpoint
+
+    path = tmp_path / "last.pt"
+    checkpoint.save(path, {"fingerprint": "old", "w": torch.zeros(2)})
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0\nmore")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match=rf"^{path}: cannot write checkpoint \(\[enforce fail"):
+        checkpoint.save(path, {"fingerprint": "new"})
+    monkeypatch.undo()
+    assert checkpoint.load(path)["fingerprint"] == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
