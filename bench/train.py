@@ -3,9 +3,11 @@
 Uses the training code itself (`vce.train.Trainer.train_step`: mixup, bf16 autocast,
 AdamW over the model's param groups, OneCycle, EMA update) on:
 - step alone: one batch already on the device, repeated;
-- with the loader: `CachedFrameDataset` over a decoded-frame cache (vce/frame_cache.py) at
+- with the loader: `CachedFrameDataset` over a decoded-frame cache (vce/data/frame_cache.py) at
   256 px built from the real WCEBleedGen stills, the seed's augmentations, the imbalance-aware
-  EpochSampler, DataLoader workers on every core.
+  EpochSampler, DataLoader workers on every core;
+- with the loader and `train.augment_on: device`: the workers only read the cache, the same
+  augmentations run on whole batches on the device (vce/train/augment.py).
 Prints one JSON object.
 
     python -m bench.train                          # GPU box: model.source=random (ViT-B/16)
@@ -146,6 +148,25 @@ def main(argv=None) -> int:
         for _ in range(args.steps):
             next(batches)
         loader_only_fps = args.steps * args.batch / (time.perf_counter() - start)
+        del batches
+
+        # 4. augment_on device: workers only read the cache; the batch is augmented on the device
+        plain_set = CachedFrameDataset(cache, rows, labels, size, eval_transform(), resize=False)
+        device_params = params.replace(augment_on="device")
+        device_trainer = Trainer(model, loss_fn, device_params, 42, plain_set, rarest_label_weights(labels), val_set,
+                                 Path(tmp) / "state_device", "bench_device")
+        device_trainer.sampler.set_epoch(0)
+        batches = iter(device_trainer.train_loader)
+        for i in range(5):
+            image_batch, target_batch, valid, _ = next(batches)
+            device_trainer.train_step(image_batch, target_batch, i, device_trainer.sampler.step_seeds(i))
+        _sync(device)
+        start = time.perf_counter()
+        for i in range(5, 5 + args.steps):
+            image_batch, target_batch, valid, _ = next(batches)
+            device_trainer.train_step(image_batch, target_batch, i, device_trainer.sampler.step_seeds(i))
+        _sync(device)
+        device_aug_fps = args.steps * args.batch / (time.perf_counter() - start)
 
     print(json.dumps({
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -155,6 +176,8 @@ def main(argv=None) -> int:
         "step_with_cache_loader_fps": round(loader_fps, 1),
         "loader_only_fps": round(loader_only_fps, 1),
         "loader_slowdown": round(1 - loader_fps / step_fps, 3),
+        "step_with_device_augment_fps": round(device_aug_fps, 1),
+        "device_augment_slowdown": round(1 - device_aug_fps / step_fps, 3),
     }, indent=2))
     return 0
 

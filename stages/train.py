@@ -42,7 +42,8 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: FrameCache | None):
+def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: FrameCache | None,
+             max_pixels: int | None = None):
     """Training and validation datasets: from the frame cache when there is one, else PNGs."""
     from vce.core.contracts import label_matrix
     from vce.data.dataset import FrameDataset, eval_transform, train_transform
@@ -55,16 +56,17 @@ def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: Fram
     val = frames[frames["split"] == "val"].reset_index(drop=True)
     if len(train) == 0 or len(val) == 0:
         raise DataError(f"need frames in both splits, got train={len(train)} val={len(val)}")
-    train_tf = train_transform(size, params.augment, pre["mean"])
+    # augment_on device: the workers decode only; the trainer augments whole batches on the device.
+    train_tf = eval_transform() if params.augment_on == "device" else train_transform(size, params.augment, pre["mean"])
     val_tf = eval_transform()
     if cache is not None:
         return train, (CachedFrameDataset(cache, cache.rows_for(train), label_matrix(train), size, train_tf, resize=False),
                        CachedFrameDataset(cache, cache.rows_for(val), label_matrix(val), size, val_tf, resize=True))
     load = round(size * params.augment.load_scale)
     return train, (FrameDataset(root, train["path"], label_matrix(train), load, size, interpolation, train_tf,
-                                params.decoder),
+                                params.decoder, max_pixels),
                    FrameDataset(root, val["path"], label_matrix(val), size, size, interpolation, val_tf,
-                                params.decoder))
+                                params.decoder, max_pixels))
 
 
 def live_logger(live_dir: str, history: list):
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
     torch.manual_seed(seed)
     prompts = load_prompt_embeddings(args.prompts)
     model = create_model(model_params, prompts)
-    train, (train_set, val_set) = datasets(frames, data.root, model, train_params, FrameCache.open(args.cache))
+    train, (train_set, val_set) = datasets(frames, data.root, model, train_params, FrameCache.open(args.cache),
+                                           data.max_frame_pixels)
     train_labels = label_matrix(train)
     loss_fn = VCELoss(loss_params, torch.from_numpy(train_labels.mean(axis=0)).float())
     run_id = checkpoint.fingerprint(

@@ -101,3 +101,63 @@ def test_validation_and_the_saved_model_use_the_ema_weights(tmp_path, one_thread
     assert record["val_loss"] == pytest.approx(on_ema["loss"], rel=1e-6)
     assert abs(on_raw["loss"] - on_ema["loss"]) > 1e-4  # so the check above tells them apart
     assert result["best"]["val_loss"] == record["val_loss"]
+
+
+class KeyedFrames(Frames):
+    """Frames that record every (row, seed) key the sampler hands them, in order."""
+
+    def __init__(self, count: int, seed: int):
+        super().__init__(count, seed)
+        self.keys = []
+
+    def __getitem__(self, key):
+        self.keys.append(key)
+        return super().__getitem__(key)
+
+
+def test_device_augmentation_uses_each_frames_sampler_seed(tmp_path, one_thread):
+    trainer = make_trainer(tmp_path, augment_on="device", mixup_alpha=0.0)
+    trainer.train_loader.dataset.__class__ = KeyedFrames
+    trainer.train_loader.dataset.keys = []
+    step = trainer.train_step
+    used = []
+    trainer.train_step = lambda images, targets, seed, sample_seeds=None: (
+        used.append((images.shape, list(sample_seeds))), step(images, targets, seed, sample_seeds))[1]
+    trainer.fit(lambda model, record: None)
+    handed = [seed for _, seed in trainer.train_loader.dataset.keys]
+    assert [seed for _, seeds in used for seed in seeds] == handed  # same seeds, same order, every frame
+    assert all(shape == (16, 3, 64, 64) for shape, _ in used)
+
+
+def test_device_augmented_training_resumes_bit_exact(tmp_path, one_thread):
+    clean = make_trainer(tmp_path / "clean", augment_on="device", checkpoint_every=2)
+    clean.fit(lambda model, record: None)
+
+    killed = make_trainer(tmp_path / "killed", augment_on="device", checkpoint_every=2)
+    step, calls = killed.train_step, []
+
+    def dies_at_the_third_step(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # after the step-2 checkpoint
+        return step(*args)
+
+    killed.train_step = dies_at_the_third_step
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(lambda model, record: None)
+    resumed = make_trainer(tmp_path / "killed", augment_on="device", checkpoint_every=2)
+    assert resumed.try_resume() and resumed.step == 2
+    resumed.fit(lambda model, record: None)
+    for key, tensor in clean.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], tensor), key
+
+
+def test_device_augmentation_changes_what_the_step_sees(tmp_path, one_thread):
+    """The device path really augments: the same step without sample seeds gives another loss."""
+    on = make_trainer(tmp_path / "on", augment_on="device", mixup_alpha=0.0)
+    frames = Frames(16, 3)
+    seeds = np.arange(16)
+    loss_augmented = on.train_step(frames.images, frames.targets, 5, seeds)
+    off = make_trainer(tmp_path / "off", augment_on="device", mixup_alpha=0.0)
+    loss_plain = off.train_step(frames.images, frames.targets, 5, None)
+    assert loss_augmented != pytest.approx(loss_plain, rel=1e-6)

@@ -110,7 +110,7 @@ class FrameDataset(Dataset):
     """
 
     def __init__(self, root, paths, targets, decode_size, out_size, interpolation, transform,
-                 decoder: str = "opencv"):
+                 decoder: str = "opencv", max_pixels: int | None = None):
         self.root = Path(root)
         self.paths = np.asarray(paths, dtype=object)
         self.targets = targets  # (N, 17) uint8, or None for unlabelled frames
@@ -119,6 +119,7 @@ class FrameDataset(Dataset):
         self.interpolation = interpolation
         self.transform = transform
         self.decoder = decoder
+        self.max_pixels = max_pixels  # data.max_frame_pixels: a larger header is an invalid frame
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -129,7 +130,7 @@ class FrameDataset(Dataset):
             torch.manual_seed(seed)  # v2 transforms draw from torch's global generator
         try:
             pixels = decode_frame(self.root / self.paths[row], self.decode_size, self.interpolation,
-                                  self.decoder)
+                                  self.decoder, self.max_pixels)
             image = self.transform(torch.from_numpy(pixels).permute(2, 0, 1))  # (3, S, S)
             valid = True
         except FrameError:
@@ -163,6 +164,18 @@ class EpochSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return (self.steps - self.start_step) * (self.batch_size // self.world)
+
+    def step_seeds(self, step: int) -> np.ndarray:
+        """The augmentation seeds of this rank's samples at `step` of the current epoch, in batch order.
+
+        The same seeds `__iter__` hands the dataset: augmentation on the device draws from them.
+        """
+        if getattr(self, "_seeds_epoch", None) != self.epoch:
+            self._seeds = sample_seeds(self.seed, self.epoch, self.steps * self.batch_size)
+            self._seeds_epoch = self.epoch
+        per_rank = self.batch_size // self.world
+        first = step * self.batch_size + self.rank * per_rank
+        return self._seeds[first:first + per_rank]
 
     def __iter__(self):
         total = self.steps * self.batch_size

@@ -24,11 +24,12 @@ from tqdm.auto import tqdm
 
 from vce.core.labels import LABELS
 from vce.core.params import ParamsError, Section, require
-from vce.data.dataset import AugmentParams, EpochSampler, normalize_batch
+from vce.data.dataset import AugmentParams, EpochSampler, erasing_value, normalize_batch
 from vce.eval.frame_metrics import frame_metrics
 from vce.model import checkpoint
 from vce.model.clip_source import HF_HUB_PREFIX, LOCAL_DIR_PREFIX
 from vce.model.device import Distributed, autocast, resolve_device, setup_distributed
+from vce.train.augment import augment_batch
 
 
 class TrainParams(Section):
@@ -54,6 +55,7 @@ class TrainParams(Section):
     bf16: bool
     compile: bool
     decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
+    augment_on: Literal["loader", "device"]  # where `augment` runs: DataLoader workers | the model's device
     augment: AugmentParams
 
 
@@ -166,6 +168,9 @@ class Trainer:
         self.epoch, self.step, self.history, self.best = 0, 0, [], None
         self.epoch_losses, self.epoch_skipped = [], 0  # running, so a mid-epoch resume logs the same
         self.cycle = (0, params.epochs)  # OneCycle spans epochs [start, end)
+        # augment_on device: workers only decode; batches are augmented here (vce/train/augment.py).
+        self.device_augment = params.augment_on == "device"
+        self.erase_fill = erasing_value(params.augment, model.preprocess["mean"])
         self.scheduler = self._new_schedule(*self.cycle)
 
     def _new_schedule(self, start: int, end: int):
@@ -228,8 +233,12 @@ class Trainer:
         return True
 
     # -- training ------------------------------------------------------------------------
-    def train_step(self, images, targets, seed: int) -> float | None:
+    def train_step(self, images, targets, seed: int, sample_seeds=None) -> float | None:
+        """One optimiser step; `sample_seeds` (one per frame): augment the uint8 batch on the device first."""
         pre = self.model.preprocess
+        if sample_seeds is not None:
+            images = augment_batch(images.to(self.device, non_blocking=True), sample_seeds, pre["image_size"],
+                                   self.params.augment, self.erase_fill)
         images = normalize_batch(images, pre["mean"], pre["std"], self.device)  # uint8 in, float out
         targets = targets.to(self.device, non_blocking=True)
         images, targets = mixup(images, targets, self.params.mixup_alpha, seed)
@@ -257,7 +266,8 @@ class Trainer:
             for images, targets, valid, _ in bar:
                 self.epoch_skipped += int((~valid).sum())
                 seed = step_seed(self.seed, epoch, self.step)
-                loss = self.train_step(images[valid], targets[valid], seed) if valid.any() else None
+                sample_seeds = self.sampler.step_seeds(self.step)[valid.numpy()] if self.device_augment else None
+                loss = self.train_step(images[valid], targets[valid], seed, sample_seeds) if valid.any() else None
                 if loss is None:  # every frame of the batch was undecodable: keep the schedule
                     self.scheduler.step()
                 else:
