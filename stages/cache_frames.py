@@ -45,7 +45,7 @@ def main(argv=None) -> int:
              for s in ("train", "val") if s in cache.splits]
     if "test" in cache.splits and data.test_root is not None:
         parts.append(read_index(args.test, columns).assign(root=str(data.test_root)))
-    meta = build_cache(pd.concat(parts, ignore_index=True), args.out, cache)
+    meta = build_cache(pd.concat(parts, ignore_index=True), args.out, cache, data.max_frame_pixels)
     print(f"cached {meta['count']} frames at {meta['size']} px ({meta['invalid']} undecodable) in {args.out}")
     return 0
 

@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     for split, rows, root in jobs:
         embeddings = out / f"{split}_embeddings.parquet" if predict_params.embeddings else None
         report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
-                                        device, embeddings, desc=f"predict {split} (fold {args.fold})", cache=cache)
+                                        device, embeddings, desc=f"predict {split} (fold {args.fold})", cache=cache,
+                                        max_pixels=data.max_frame_pixels)
         if report[split]["invalid_frames"]:
             print(f"warning: {report[split]['invalid_frames']} undecodable frame(s) in {split}, "
                   f"e.g. {report[split]['invalid_examples'][0]} (rows kept with valid=false)", file=sys.stderr)

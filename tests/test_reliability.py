@@ -228,7 +228,8 @@ def test_a_nan_threshold_is_an_error_naming_label_and_file(tmp_path):
 
 
 def test_disk_full_while_saving_a_checkpoint_is_one_oserror_and_keeps_the_old_file(tmp_path, monkeypatch):
-    """torch reports a failed write as RuntimeError; the runner prints OSError in one line."""
+    """torch's zip writer reports some failed writes as RuntimeError (`torch.save(obj, "/dev/full")`:
+    "[enforce fail at inline_container.cc:672] . unexpected pos"); the runner prints OSError in one line."""
     import torch
 
     from vce.model import checkpoint
@@ -245,3 +246,37 @@ def test_disk_full_while_saving_a_checkpoint_is_one_oserror_and_keeps_the_old_fi
     monkeypatch.undo()
     assert checkpoint.load(path)["fingerprint"] == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_predict_and_the_cache_pass_data_max_frame_pixels_to_the_decoder(tmp_path):
+    """A frame that decodes fine but declares more pixels than the limit: invalid, counted."""
+    import cv2
+    import numpy as np
+    import torch
+    import yaml
+    from conftest import ROOT
+
+    from vce.core.labels import NUM_LABELS
+    from vce.core.params import from_dict
+    from vce.data.frame_cache import CacheParams, build_cache
+    from vce.infer.predict import PredictParams, predict_frames
+    from vce.model.frame_model import ModelParams, create_model
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, side in (("small.png", 32), ("large.png", 96)):
+        cv2.imwrite(str(tmp_path / name), np.full((side, side, 3), 120, np.uint8))
+    table = pd.DataFrame({"video_id": ["v", "v"], "frame": [1, 2], "path": ["small.png", "large.png"],
+                          "root": [str(tmp_path)] * 2})
+    torch.manual_seed(0)
+    model = create_model(from_dict(ModelParams, params["model"], "model"), torch.randn(NUM_LABELS, 64)).eval()
+    predict = from_dict(PredictParams, {**params["predict"], "num_workers": 0, "batch_size": 2, "bf16": False,
+                                        "decoder": "opencv"}, "predict")
+    stats = predict_frames(model, table, tmp_path, tmp_path / "p.parquet", predict, torch.device("cpu"),
+                           max_pixels=50 * 50)
+    assert pd.read_parquet(tmp_path / "p.parquet")["valid"].tolist() == [True, False]
+    assert stats["invalid_frames"] == 1
+    cache = from_dict(CacheParams, {**params["cache"], "enabled": True, "size": 16, "num_workers": 0,
+                                    "decoder": "opencv"}, "cache")
+    meta = build_cache(table, tmp_path / "cache", cache, max_pixels=50 * 50)
+    assert meta["invalid"] == 1
+    assert build_cache(table, tmp_path / "cache2", cache, max_pixels=None)["invalid"] == 0

@@ -44,23 +44,27 @@ class CacheParams(Section):
 
 
 class _Decode(Dataset):
-    def __init__(self, roots, paths, size, decoder, interpolation):
+    def __init__(self, roots, paths, size, decoder, interpolation, max_pixels=None):
         self.roots, self.paths = roots, paths
         self.size, self.decoder, self.interpolation = size, decoder, interpolation
+        self.max_pixels = max_pixels
 
     def __len__(self):
         return len(self.paths)
 
     def __getitem__(self, i):
         try:
-            pixels = decode_frame(Path(self.roots[i]) / self.paths[i], self.size, self.interpolation, self.decoder)
+            pixels = decode_frame(Path(self.roots[i]) / self.paths[i], self.size, self.interpolation, self.decoder,
+                                  self.max_pixels)
             return torch.from_numpy(pixels), True
         except FrameError:
             return torch.zeros(self.size, self.size, 3, dtype=torch.uint8), False
 
 
-def build_cache(frames: pd.DataFrame, out_dir, params: CacheParams) -> dict:
-    """Decode `frames` (video_id, frame, path, root) into a cache folder at `out_dir`."""
+def build_cache(frames: pd.DataFrame, out_dir, params: CacheParams, max_pixels: int | None = None) -> dict:
+    """Decode `frames` (video_id, frame, path, root) into a cache folder at `out_dir`.
+
+    `max_pixels` (data.max_frame_pixels): a frame whose header declares more is cached invalid."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,7 +74,7 @@ def build_cache(frames: pd.DataFrame, out_dir, params: CacheParams) -> dict:
         pixels = np.lib.format.open_memmap(tmp / "pixels.npy", mode="w+", dtype=np.uint8,
                                            shape=(len(frames), params.size, params.size, 3))
         loader = DataLoader(_Decode(frames["root"].to_numpy(), frames["path"].to_numpy(), params.size,
-                                    params.decoder, params.interpolation),
+                                    params.decoder, params.interpolation, max_pixels),
                             batch_size=256, num_workers=params.num_workers)
         valid, position = np.zeros(len(frames), bool), 0
         for images, ok in tqdm(loader, desc="cache frames", disable=bool(os.environ.get("CI"))):

@@ -87,7 +87,8 @@ def shard_by_video(frames: pd.DataFrame, rank: int, world: int) -> pd.DataFrame:
 
 
 def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: PredictParams, device,
-                   embeddings_out=None, desc: str = "predict", cache: FrameCache | None = None) -> dict:
+                   embeddings_out=None, desc: str = "predict", cache: FrameCache | None = None,
+                   max_pixels: int | None = None) -> dict:
     """Predict every row of `frames` (sorted by video, frame) into `probs_out` (Parquet).
 
     Reads pixels from `cache` when given, else decodes the PNGs under `root`.
@@ -100,7 +101,7 @@ def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: Predict
         dataset = CachedFrameDataset(cache, cache.rows_for(frames), None, pre["image_size"], transform, resize=True)
     else:
         dataset = FrameDataset(root, frames["path"].to_numpy(), None, pre["image_size"], pre["image_size"],
-                               pre.get("interpolation", "bicubic"), transform, params.decoder)
+                               pre.get("interpolation", "bicubic"), transform, params.decoder, max_pixels)
     loader = DataLoader(dataset, batch_size=params.batch_size, shuffle=False, num_workers=params.num_workers,
                         pin_memory=device.type == "cuda")
     net = torch.compile(model) if params.compile else model
@@ -181,16 +182,16 @@ def merge_parts(parts: list[Path], out: Path) -> None:
 
 
 def predict_sharded(model, frames, root, probs_out, params, device, embeddings_out=None, desc="predict",
-                    cache=None):
+                    cache=None, max_pixels=None):
     """predict_frames on this rank's videos; under torchrun rank 0 merges the parts."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world == 1:
-        return predict_frames(model, frames, root, probs_out, params, device, embeddings_out, desc, cache)
+        return predict_frames(model, frames, root, probs_out, params, device, embeddings_out, desc, cache, max_pixels)
     rank = dist.get_rank()
     part = lambda path, r: Path(f"{path}.part{r}") if path else None
     mine = shard_by_video(frames.sort_values(["video_id", "frame"], kind="stable"), rank, world)
     stats = predict_frames(model, mine, root, part(probs_out, rank), params, device,
-                           part(embeddings_out, rank), desc, cache)
+                           part(embeddings_out, rank), desc, cache, max_pixels)
     gathered = [None] * world
     dist.all_gather_object(gathered, stats)
     if rank == 0:

@@ -20,7 +20,7 @@ def save(path, payload: dict) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         try:
             torch.save(payload, f)  # a file object: the archive's inner name does not follow the temp name
-        except RuntimeError as err:  # torch reports a failed write (disk full) as RuntimeError
+        except RuntimeError as err:  # torch's zip writer can report a failed write (disk full) as RuntimeError
             raise OSError(f"{path}: cannot write checkpoint ({str(err).splitlines()[0]})") from None
 
 
