@@ -154,7 +154,7 @@ def colour_features(path: Path) -> np.ndarray:
     """HSV histogram (8 hue × 4 saturation, 8 value bins) and RGB mean / std of one frame."""
     import cv2
 
-    rgb = decode_frame(path, 224, "area", "opencv")  # (H, W, 3) uint8
+    rgb = decode_frame(path)  # (H, W, 3) uint8, as stored (224 px)
     hsv = cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV)
     hue_sat = cv2.calcHist([hsv], [0, 1], None, [8, 4], [0, 180, 0, 256]).ravel()
     value = cv2.calcHist([hsv], [2], None, [8], [0, 256]).ravel()
