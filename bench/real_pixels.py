@@ -92,10 +92,16 @@ def still_sequence(bleeding: list[str], background: list[str], rng: np.random.Ge
     return files, np.asarray(blood, np.uint8)
 
 
-def video_labels(blood: np.ndarray, demo: DemoParams, rng: np.random.Generator) -> np.ndarray:
-    """(N, 17) labels: the demo's region/landmark timeline, findings cleared, `blood` as given."""
+def video_labels(blood: np.ndarray, demo: DemoParams, rng: np.random.Generator,
+                 anatomy: bool = True) -> np.ndarray:
+    """(N, 17) labels: the demo's region/landmark timeline, findings cleared, `blood` as given.
+
+    The stills carry no anatomy, so region and landmark labels cannot be learnt from their
+    pixels; `anatomy=False` leaves them 0 (a diagnostic: blood alone).
+    """
     labels = timeline(len(blood), demo, rng)
-    labels[:, [LABEL_INDEX[finding] for finding in PATHOLOGY]] = 0
+    cleared = PATHOLOGY if anatomy else LABELS
+    labels[:, [LABEL_INDEX[label] for label in cleared]] = 0
     labels[:, BLOOD] = blood
     return labels
 
@@ -109,7 +115,7 @@ def place(source: Path, target: Path) -> None:
 
 
 def build_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, demo: DemoParams,
-                 holds: dict, seed: int) -> pd.DataFrame:
+                 holds: dict, seed: int, anatomy: bool = True) -> pd.DataFrame:
     """Write `out/galar` (labelled videos 1..n_labelled) and `out/test` (+ its ground truth).
 
     Source stills are dealt to videos without repetition, half bleeding and half not per video.
@@ -125,7 +131,7 @@ def build_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, demo: 
     rows, truth = [], []
     for v in range(n_videos):
         files, blood = still_sequence(list(deal[1][v]), list(deal[0][v]), rng, holds)
-        labels = video_labels(blood, demo, rng)
+        labels = video_labels(blood, demo, rng, anatomy)
         if v < n_labelled:
             video_id = str(v + 1)
             frames = int(rng.integers(0, demo.frame_step)) + demo.frame_step * np.arange(len(files))
@@ -260,7 +266,8 @@ def run(work: Path, args) -> dict:
     params_path.write_text(yaml.safe_dump(params))
     demo = from_dict(DemoParams, params["demo"], "demo")
     holds = {"lead": 0.15, "run": (2, 4), "background": (3, 8), "blood": (2, 4)}
-    truth = build_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, demo, holds, args.seed)
+    truth = build_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, demo, holds, args.seed,
+                         args.anatomy)
     p = ["--params", str(params_path)]
     w = {key: str(work / rel) for key, rel in {
         "frames": "index/frames.parquet", "test": "index/test.parquet", "split": "split/frames.parquet",
@@ -306,7 +313,7 @@ def run(work: Path, args) -> dict:
                        "test": int(len(test))},
             "blood_prevalence_test": round(float(held["blood"].mean()), 3),
             "holds": {k: list(v) if isinstance(v, tuple) else v for k, v in holds.items()},
-            "seed": args.seed,
+            "seed": args.seed, "anatomy_labels": args.anatomy,
         },
         "settings": {
             "model_source": params["model"]["source"],
@@ -329,6 +336,8 @@ def main(argv=None) -> int:
     parser.add_argument("--labelled", type=int, default=8, help="Galar-layout videos (train + val)")
     parser.add_argument("--test", type=int, default=2, help="held-out test-layout videos")
     parser.add_argument("--seed", type=int, default=0, help="seed of the video builder")
+    parser.add_argument("--no-anatomy", dest="anatomy", action="store_false",
+                        help="no region/landmark labels (the stills carry none): blood is the only label")
     parser.add_argument("--no-temporal", dest="temporal", action="store_false",
                         help="skip the temporal stage (frame model and baseline only; quicker sweeps)")
     parser.add_argument("--threads", type=int, default=0,
