@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.real_pixels import build_videos, still_sequence
+from bench.real_pixels import build_videos, still_sequence, video_labels
 from tests.conftest import tiny_params
-from vce.core.labels import PATHOLOGY, REGIONS
+from vce.core.labels import LABEL_INDEX, LABELS, PATHOLOGY, REGIONS
 from vce.core.params import from_dict
 from vce.data.index import DataParams, build_index
 from vce.demo.generate import DemoParams
@@ -35,6 +35,18 @@ def test_still_sequence_holds_each_still_once_and_keeps_blood_after_the_lead():
     first_blood = files[int(np.flatnonzero(blood)[0])]
     backgrounds_before = {name for name in files[:files.index(first_blood)] if name.startswith("n")}
     assert len(backgrounds_before) >= int(np.ceil(HOLDS["lead"] * len(background)))
+
+
+def test_video_labels_keep_blood_as_given_with_or_without_anatomy(tmp_path):
+    demo = from_dict(DemoParams, tiny_params(tmp_path)["demo"], "demo")
+    blood = (np.arange(200) % 7 < 2).astype(np.uint8)
+    with_anatomy = video_labels(blood, demo, np.random.default_rng(0))
+    blood_only = video_labels(blood, demo, np.random.default_rng(0), anatomy=False)
+    for labels in (with_anatomy, blood_only):
+        assert (labels[:, LABEL_INDEX["blood"]] == blood).all()
+    assert (with_anatomy[:, [LABEL_INDEX[r] for r in REGIONS]].sum(axis=1) == 1).all()
+    others = [k for k, label in enumerate(LABELS) if label != "blood"]
+    assert blood_only[:, others].sum() == 0
 
 
 @pytest.fixture(scope="module")
