@@ -9,8 +9,8 @@ its folder name is the video id. Every model in `--models` (default: every
 `models/folds/*/model.pt`) predicts every frame; their probabilities are fused with the
 ensemble stage's weights (`--ensemble`, when it names as many folds; else the mean); the
 temporal model refines them when `models/thresholds.json` was tuned on temporal
-probabilities; then the thresholds and event post-processing the thresholds stage tuned turn
-them into events. Writes the official submission JSON (one video) to `--out`.
+probabilities; then what the thresholds stage fitted (the score engine, or thresholds and
+event post-processing) turns them into events, as the events stage does. Writes the official submission JSON (one video) to `--out`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from vce.infer.predict import PredictParams, predict_frames
 from vce.infer.temporal import align, build_sequences, load_temporal, probs_frame, read_embeddings, refine
 from vce.model import checkpoint
 from vce.model.device import resolve_device
+from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission
 from vce.post.timeline import join_probs
 
@@ -72,7 +73,7 @@ def fusion_weights(path: Path, n_models: int) -> np.ndarray:
     return np.full((n_models, len(LABELS)), 1.0 / n_models)
 
 
-def load_tuned(path: Path) -> tuple[dict, dict | None, str]:
+def load_tuned(path: Path) -> tuple[dict, dict | None, str, Engine | None]:
     try:
         saved = json.loads(path.read_text())
     except FileNotFoundError:
@@ -81,7 +82,8 @@ def load_tuned(path: Path) -> tuple[dict, dict | None, str]:
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping (run the thresholds stage)")
     check_labels(thresholds, str(path))
-    return thresholds, saved.get("events"), saved.get("probs", "frame")
+    engine = Engine.from_dict(saved["engine"], f"{path}:engine") if saved.get("engine") else None
+    return thresholds, saved.get("events"), saved.get("probs", "frame"), engine
 
 
 @runner.stage
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
-    thresholds, tuned, source = load_tuned(Path(args.thresholds))
+    thresholds, tuned, source, engine = load_tuned(Path(args.thresholds))
     event_params = from_dict(EventParams, tuned or params["events"], f"{args.thresholds}:events" if tuned else "events")
     models = args.models or sorted(str(p) for p in Path("models/folds").glob("*/model.pt"))
     if not models:
@@ -122,7 +124,10 @@ def main(argv=None) -> int:
             seq = build_sequences(rows, embeddings, valid)
             probs = probs_frame(seq, refine(temporal.to(device), seq, device))
     joined, _ = join_probs(probs, frames)
-    submission = probs_to_submission(joined, thresholds, event_params)
+    if engine is not None:  # thresholds.method engine: the metric-optimal submission, as the events stage writes
+        submission, _ = engine_submission(joined, engine)
+    else:
+        submission = probs_to_submission(joined, thresholds, event_params)
     write_json(args.out, submission, indent=None)
     events = sum(len(v["events"]) for v in submission["videos"])
     print(f"{folder.name}: {len(frames)} frames, {len(models)} model(s), {source} probabilities → "
