@@ -202,6 +202,7 @@ def test_one_split_keeps_the_single_model_layout(tmp_path):
     argv = [a for a in argv if a not in ("--part", "labelled")]
     argv[argv.index("--out-dir") + 1] = str(tmp_path / "all")
     argv += ["--test", str(tmp_path / "index/test.parquet")]
+    argv += ["--test", str(tmp_path / "index/test.parquet")]
     assert load_stage("predict").main(argv) == 0
     assert {p.name for p in (tmp_path / "all").glob("*.parquet")} == {
         f"{s}{e}.parquet" for s in ("train", "val", "test") for e in ("", "_embeddings")}
