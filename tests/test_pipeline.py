@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from conftest import load_stage, prepare_demo
 
 from vce.core.labels import LABELS
@@ -75,7 +76,9 @@ def test_score_file(pipeline):
 
 def test_temporal_probabilities_feed_thresholds_and_report(pipeline):
     thresholds = json.loads((pipeline / "models/thresholds.json").read_text())
-    assert thresholds["probs"] == "temporal" and thresholds["method"] == "map"
+    params = yaml.safe_load((pipeline / "params.yaml").read_text())
+    assert thresholds["probs"] == params["post"]["probs"] == "temporal"
+    assert thresholds["method"] == params["thresholds"]["method"] == "engine" and thresholds["engine"]
     temporal = pd.read_parquet(pipeline / "temporal/val.parquet")
     assert list(temporal.columns) == ["video_id", "frame", *LABELS, "valid"]
     report = (pipeline / "metrics/report.md").read_text()

@@ -126,7 +126,7 @@ class FrameCache:
         return {**self.__dict__, "_pixels": None}
 
     @classmethod
-    def open(cls, folder) -> "FrameCache | None":
+    def open(cls, folder) -> FrameCache | None:
         folder = Path(folder)
         meta_path = folder / "meta.json"
         if not meta_path.is_file():
