@@ -60,11 +60,14 @@ def main(argv=None) -> int:
     valid = probs["valid"].to_numpy()
     sets = [_scored_set("validation", probs, read_index(args.frames), read_json(args.gt, "ground truth"),
                         read_json(args.events, "validation events"))]
-    if test_gt:  # the demo's test ground truth is known: a held-out score and timelines
+    test_events = read_json(args.test_events, "test events") if test_gt else None
+    if test_events is not None and test_events["videos"]:  # the test ground truth is known: a held-out score
         index = read_index(args.test_index)
         test_probs, _ = join_probs(read_index(args.test_probs or folder / "test.parquet"), index)
-        sets.append(_scored_set("test", test_probs, index, read_json(test_gt, "score.test_gt"),
-                                read_json(args.test_events, "test events")))
+        sets.append(_scored_set("test", test_probs, index, read_json(test_gt, "score.test_gt"), test_events))
+    elif test_events is not None:  # data.test_root: null — no test set to hold against score.test_gt
+        print(f"warning: score.test_gt is {test_gt} but the test submission holds no video: "
+              "no test score in the report", file=sys.stderr)
     results = write_report(
         y_true=labels[valid],
         y_prob=probs[list(LABELS)].to_numpy()[valid],

@@ -82,9 +82,15 @@ def main(argv=None) -> int:
     print(score_line("validation", result, empty, len(gt["videos"]), _n_events(prediction)))
     write_json(args.val_headline, headline(result, empty, frame_map))
     test_headline: dict = {}
-    if test_gt is not None:
+    test_prediction = read_json(args.test_events, "test events") if test_gt is not None else None
+    if test_prediction is not None and not test_prediction["videos"]:
+        # No test set (data.test_root: null): there is nothing to hold against score.test_gt.
+        print(f"warning: score.test_gt is {test_gt} but the test submission holds no video "
+              "(data.test_root: null?): the test set is not scored", file=sys.stderr)
+        test_prediction = None
+    if test_prediction is not None:
         # A held-out number: nothing upstream (training, thresholds, tuning) saw these videos.
-        truth, test_prediction = read_json(test_gt, "score.test_gt"), read_json(args.test_events, "test events")
+        truth = read_json(test_gt, "score.test_gt")
         test, test_empty = score(truth, test_prediction), score(truth, empty_submission(truth))
         result["test"] = {key: test[key] for key in ("map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95")}
         print(score_line("test", test, test_empty, len(truth["videos"]), _n_events(test_prediction)))

@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import load_stage, prepare_demo
 
 from vce.eval.score import check_submission
@@ -14,13 +15,17 @@ from vce.eval.score import check_submission
 STAGES = ["train", "predict", "temporal", "thresholds", "events", "score", "report"]
 
 
-def test_no_test_set_runs_every_stage_and_writes_an_empty_submission(tmp_path):
-    """`data.test_root: null` (documented): predict → … → report end to end, submission empty."""
-    args = prepare_demo(tmp_path, data={"test_root": None}, score={"test_gt": None},
+def test_no_test_set_runs_every_stage_and_writes_an_empty_submission(tmp_path, capsys):
+    """`data.test_root: null` alone (`dvc exp run -S data.test_root=null`): predict → … → report end to
+    end, submission empty; score.test_gt still names the demo's test ground truth, which is not scored."""
+    args = prepare_demo(tmp_path, data={"test_root": None},
                         train={"epochs": 1}, temporal={"steps": 20}, thresholds={"rounds": 1})
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["score"]["test_gt"]  # still set
     assert len(pd.read_parquet(tmp_path / "index/test.parquet")) == 0
     for name in STAGES:
         assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
+    assert "the test set is not scored" in capsys.readouterr().err
+    assert json.loads((tmp_path / "metrics/headline/test.json").read_text()) == {}
     submission = json.loads((tmp_path / "events/submission.json").read_text())
     assert submission == {"videos": []}
     check_submission(submission)
