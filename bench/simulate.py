@@ -160,6 +160,19 @@ def decomposition(gt: dict, sub: dict) -> dict:
     return out
 
 
+def setup(args):
+    """What both simulations share: the knobs of params.yaml, the seeded generator, the Galar
+    ground truth (a random subset of `--videos` when asked) and its per-frame labels."""
+    params = load_params(args.params)
+    event_params = from_dict(EventParams, params["events"], "events").replace(anatomy="none")
+    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
+    rng = np.random.default_rng(args.seed)
+    gt = json.loads(Path(args.fixture).read_text())
+    if args.videos:
+        gt = restrict(gt, set(rng.permutation([v["video_id"] for v in gt["videos"]])[: args.videos].tolist()))
+    return gt, frame_labels_from_events(gt), rng, event_params, threshold_params
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rho", type=float, default=0.9, help="AR(1) correlation of consecutive frames' noise")
@@ -170,14 +183,7 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-only", action="store_true", help="skip the slow tune_on_map variants")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    params = load_params(args.params)
-    event_params = from_dict(EventParams, params["events"], "events").replace(anatomy="none")
-    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
-    rng = np.random.default_rng(args.seed)
-    gt = json.loads(Path(args.fixture).read_text())
-    if args.videos:
-        gt = restrict(gt, set(rng.permutation([v["video_id"] for v in gt["videos"]])[: args.videos].tolist()))
-    frame_labels = frame_labels_from_events(gt)
+    gt, frame_labels, rng, event_params, threshold_params = setup(args)
     frame_probs = simulate_probs(frame_labels, args.rho, rng)
     results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, args.engine_only)
     results = {"model": {"rho": args.rho, "seed": args.seed, "auc": SEED_AUC, "videos": args.videos or len(gt["videos"])},

@@ -28,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,11 +35,8 @@ from scipy.signal import lfilter
 from scipy.special import expit
 from scipy.stats import norm
 
-from bench.simulate import FIXTURE, ROOT, SEED_AUC, frame_labels_from_events, restrict, run_protocol
+from bench.simulate import FIXTURE, ROOT, SEED_AUC, run_protocol, setup
 from vce.core.labels import LABELS, PATHOLOGY, REGIONS
-from vce.core.params import from_dict, load_params
-from vce.post.events import EventParams
-from vce.post.thresholds import ThresholdParams
 
 
 def _ar1(rng, shape, rho: float) -> np.ndarray:
@@ -113,14 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("--with-classic", action="store_true", help="also the tune_on_map variants (minutes)")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    params = load_params(args.params)
-    event_params = from_dict(EventParams, params["events"], "events").replace(anatomy="none")
-    threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
-    rng = np.random.default_rng(args.seed)
-    gt = json.loads(Path(args.fixture).read_text())
-    if args.videos:
-        gt = restrict(gt, set(rng.permutation([v["video_id"] for v in gt["videos"]])[: args.videos].tolist()))
-    frame_labels = frame_labels_from_events(gt)
+    gt, frame_labels, rng, event_params, threshold_params = setup(args)
     frame_probs = simulate_probs2(frame_labels, rng, args)
     results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, not args.with_classic)
     model = {key: getattr(args, key) for key in ("seed", "rho", "boundary_sd", "ramp", "devices", "device_sd", "drift_sd", "bursts")}
