@@ -16,6 +16,17 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
+@pytest.fixture
+def one_thread():
+    """Small tensors: one torch thread is faster, and immune to OpenMP spin-waits on a busy 2-core box."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def load_stage(name: str):
     """The stage module `stages.<name>` (DVC runs it as `python -m stages.<name>`)."""
     return importlib.import_module(f"stages.{name}")

@@ -181,15 +181,6 @@ def test_param_groups_split_backbone_heads_and_decay():
     assert groups["head_no_decay"]["weight_decay"] == 0.0 and groups["head"]["weight_decay"] == 5e-4
 
 
-@pytest.fixture
-def one_thread():
-    """Small tensors: one thread is faster, and immune to OpenMP spin-waits on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_tiny_model_overfits_a_small_batch(one_thread):
     torch.manual_seed(0)
     model = create_model(section_params(ModelParams, "model", dropout=0.0), torch.randn(NUM_LABELS, 64))

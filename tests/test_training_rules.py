@@ -31,14 +31,6 @@ class Frames(Dataset):
         return self.images[row], self.targets[row], True, row
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_trainer(tmp_path, **train):
     torch.manual_seed(0)
     model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64))
