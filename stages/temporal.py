@@ -6,6 +6,13 @@ the probabilities contract, plus `metrics/temporal.json` (validation frame mAP o
 and of the frame model's probabilities). `post.probs: temporal` makes thresholds and
 events read these instead of `data/predict`.
 
+With k > 1 folds (data/ensemble: every labelled video is out of fold, so "train" and "val" are
+the same videos) the validation probabilities are **cross-fitted**: the videos fold j held out
+are refined by a temporal model trained on the other folds' videos only, so thresholds and the
+score engine tune on probabilities no model saw the labels of. The test set (and
+`models/temporal.pt`, which `vce.infer.detect` uses) gets one model trained on every labelled
+video. With one split the model learns from the training videos and refines validation as is.
+
 Needs `predict.embeddings: true` with `train` in `predict.splits`. Without those embeddings the
 stage is an error when `post.probs` is `temporal`; otherwise it writes empty files of the
 contract's schema and `{"enabled": false, ...}` so the pipeline runs unchanged.
@@ -64,6 +71,32 @@ def load_split(predict_dir: Path, split: str, labelled_frames):
     return build_sequences(frames, embeddings, valid, labels)
 
 
+def train_videos(seq) -> list[str]:
+    return list(dict.fromkeys(seq.frames["video_id"].astype(str)))
+
+
+def held_out_folds(frames, val, train) -> dict[int, set[str]]:
+    """fold → its validation videos, when validation must be cross-fitted (k folds), else {}.
+
+    Cross-fitting is needed when the temporal model's training videos include validation
+    videos (data/ensemble with k folds trains on every out-of-fold video); the folds come from
+    the index's `fold` column (the fold that held each video out).
+    """
+    val_videos = set(train_videos(val))
+    if not val_videos & set(train_videos(train)):
+        return {}
+    first = frames.drop_duplicates("video_id")
+    fold_of = dict(zip(first["video_id"].astype(str), first["fold"].astype(int))) if "fold" in frames else {}
+    folds: dict[int, set[str]] = {}
+    for video in sorted(val_videos):
+        folds.setdefault(int(fold_of.get(video, -1)), set()).add(video)
+    if -1 in folds or len(folds) < 2:
+        raise DataError(f"{sorted(val_videos & set(train_videos(train)))[:5]}…: validation videos are also the "
+                        "temporal model's training videos but the frame index gives them no two folds to cross-fit "
+                        "(its `fold` column): rerun the split and ensemble stages")
+    return folds
+
+
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -74,6 +107,7 @@ def main(argv=None) -> int:
         probs_frame,
         refine,
         save_temporal,
+        select_videos,
         train_temporal,
     )
     from vce.model.device import resolve_device
@@ -108,12 +142,20 @@ def main(argv=None) -> int:
     val = load_split(predict_dir, "val", frames[frames["split"] == "val"])
     test = load_split(predict_dir, "test", None)
     model, losses = train_temporal(train, temporal_params, loss_params, seed, device)
-    trained = time.perf_counter() - began
+    held_out = held_out_folds(frames, val, train)
     metrics = {"enabled": True, "device": device.type, "train_frames": len(train.frames),
                "train_videos": len(train.offsets) - 1, "final_loss": losses[-1] if losses else None,
+               "cross_fitted_folds": len(held_out),
                }  # wall-clock times are printed, not written: git-tracked metrics must repeat exactly
+    val_probs = refine(model, val, device)
+    for fold, videos in held_out.items():  # k folds: each fold's videos refined by a model that never saw them
+        fold_model, _ = train_temporal(select_videos(train, set(train_videos(train)) - videos),
+                                       temporal_params, loss_params, seed + 1 + fold, device)
+        rows = val.frames["video_id"].astype(str).isin(videos).to_numpy()
+        val_probs[rows] = refine(fold_model, select_videos(val, videos), device)
+    trained = time.perf_counter() - began
     for name, seq in (("val", val), ("test", test)):
-        probs = refine(model, seq, device)
+        probs = val_probs if name == "val" else refine(model, seq, device)
         write_probs(out / f"{name}.parquet", probs_frame(seq, probs))
         if name == "val" and seq.labels is not None and len(seq.frames):
             metrics["frame_map"] = frame_metrics(seq.labels, probs)["map"]

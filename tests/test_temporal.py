@@ -182,3 +182,55 @@ def test_stage_without_embeddings(workspace, capsys):
     (workspace / "temporal_params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace, params="temporal_params.yaml") == 2
     assert re.search("post.probs is temporal.*predict.embeddings", capsys.readouterr().err)
+
+
+@pytest.fixture()
+def fold_workspace(workspace):
+    """data/ensemble with 3 folds: every labelled video out of fold, train = val, a `fold` column."""
+    frames = pd.read_parquet(workspace / "frames.parquet")
+    videos = sorted(frames["video_id"].unique())
+    frames["fold"] = frames["video_id"].map({v: k % 3 for k, v in enumerate(videos)}).astype(np.int64)
+    frames["split"] = "val"
+    frames.to_parquet(workspace / "frames.parquet", index=False)
+    predict = workspace / "predict"
+    for suffix in ("", "_embeddings"):
+        both = pa.concat_tables([pq.read_table(predict / f"{s}{suffix}.parquet") for s in ("train", "val")])
+        both = both.sort_by([("video_id", "ascending"), ("frame", "ascending")])
+        for split in ("train", "val"):
+            pq.write_table(both, predict / f"{split}{suffix}.parquet")
+    return workspace
+
+
+def test_folds_cross_fit_validation_and_train_the_test_model_on_every_video(fold_workspace):
+    from stages.temporal import load_split
+    from vce.infer.temporal import select_videos
+
+    ws = fold_workspace
+    assert run_stage(ws) == 0
+    assert json.loads((ws / "temporal.json").read_text())["cross_fitted_folds"] == 3
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    tparams = from_dict(TemporalParams, params["temporal"], "temporal")
+    lparams = from_dict(LossParams, params["loss"], "loss")
+    frames = pd.read_parquet(ws / "frames.parquet")
+    train = load_split(ws / "predict", "train", frames)
+    val = pd.read_parquet(ws / "temporal" / "val.parquet")
+    fold_of = frames.drop_duplicates("video_id").set_index("video_id")["fold"]
+    seed, cpu = params["base"]["seed"], torch.device("cpu")
+    full, _ = train_temporal(train, tparams, lparams, seed, cpu)
+    for fold in range(3):
+        held = set(fold_of.index[fold_of == fold])
+        model, _ = train_temporal(select_videos(train, set(fold_of.index) - held), tparams, lparams, seed + 1 + fold, cpu)
+        expected = refine(model, select_videos(train, held), cpu)
+        got = val[val["video_id"].isin(held)][list(LABELS)].to_numpy()
+        np.testing.assert_array_equal(got, expected)  # refined by the model that never saw these videos
+        assert not np.allclose(np.nan_to_num(got), np.nan_to_num(refine(full, select_videos(train, held), cpu)))
+    test = load_split(ws / "predict", "test", None)
+    np.testing.assert_array_equal(pd.read_parquet(ws / "temporal" / "test.parquet")[list(LABELS)].to_numpy(),
+                                  refine(full, test, cpu))
+
+
+def test_overlapping_train_and_val_without_folds_is_an_error(fold_workspace, capsys):
+    frames = pd.read_parquet(fold_workspace / "frames.parquet").drop(columns="fold")
+    frames.to_parquet(fold_workspace / "frames.parquet", index=False)
+    assert run_stage(fold_workspace) == 2
+    assert "no two folds to cross-fit" in capsys.readouterr().err

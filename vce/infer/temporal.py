@@ -101,6 +101,13 @@ def build_sequences(frames: pd.DataFrame, embeddings: np.ndarray, valid: np.ndar
                      labels=labels, offsets=np.append(starts, n).astype(np.int64))
 
 
+def select_videos(seq: Sequences, videos: set[str]) -> Sequences:
+    """The rows of `seq` whose video is in `videos`, whole videos, order kept."""
+    keep = seq.frames["video_id"].astype(str).isin(videos).to_numpy()
+    return build_sequences(seq.frames[keep].reset_index(drop=True), seq.embeddings[keep], seq.valid[keep],
+                           None if seq.labels is None else seq.labels[keep])
+
+
 def align(frames: pd.DataFrame, other: pd.DataFrame, columns: list[str], where: str) -> pd.DataFrame:
     """`other`'s `columns` for each (video_id, frame) row of `frames`; every row must match."""
     keys = frames[["video_id", "frame"]].astype({"video_id": str})
