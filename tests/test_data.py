@@ -70,6 +70,44 @@ def test_bad_files_raise_frame_error_naming_the_file(tmp_path, stills):
         assert str(path) in str(err.value)
 
 
+def _png(width, height, raw: bytes, interlace=0) -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, interlace)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("interlace", [0, 1])
+def test_png_data_complete_counts_the_rows_ihdr_promises(interlace):
+    from vce.data.frames import png_data_complete
+
+    width, height = 37, 29
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+    sizes = [(-(-(width - x) // dx), -(-(height - y) // dy)) for x, y, dx, dy in (passes if interlace else [(0, 0, 1, 1)])]
+    need = sum(rows * (1 + 3 * cols) for cols, rows in sizes)
+    assert png_data_complete(_png(width, height, bytes(need), interlace))
+    assert cv2.imdecode(np.frombuffer(_png(width, height, bytes(need), interlace), np.uint8), 1).shape == (29, 37, 3)
+    assert not png_data_complete(_png(width, height, bytes(need - 1), interlace))
+
+
+def test_short_image_data_is_a_frame_error_for_every_decoder_not_a_crash(tmp_path):
+    """libpng under torchvision segfaults on "Not enough image data": run each decoder in a child."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "short.png"
+    path.write_bytes(_png(16, 16, bytes(16 * (1 + 48) // 3)))  # IEND present, a third of the rows
+    for decoder in available_decoders():
+        code = ("import sys; from vce.data.frames import FrameError, decode_frame\n"
+                f"try:\n    decode_frame({str(path)!r}, decoder={decoder!r})\nexcept FrameError as err:\n"
+                "    print(err); sys.exit(3)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 3 and str(path) in done.stdout, (decoder, done.returncode, done.stderr[-300:])
+
+
 def test_rarest_label_weights():
     labels = np.zeros((100, 17), np.uint8)
     labels[:, 4] = 1          # every frame: colon (frequency 1.0)

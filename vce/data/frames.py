@@ -57,10 +57,48 @@ def _decode_pil(data: np.ndarray):
         return None
 
 
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type → samples per pixel
+
+
+def png_data_complete(data: bytes) -> bool:
+    """Whether a PNG's IDAT stream inflates to at least the bytes its IHDR says (not for non-PNGs).
+
+    torchvision's libpng wrapper crashes the process (SIGSEGV) on "Not enough image data"
+    instead of raising, so the torchvision decoder checks this first; it costs one inflate.
+    """
+    import struct
+    import zlib
+
+    if data[:8] != _PNG_SIGNATURE or len(data) < 33 or data[12:16] != b"IHDR":
+        return True  # not a PNG or no IHDR: the decoders refuse it themselves
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    bits = depth * _CHANNELS.get(colour, 4)
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    expected = 0
+    for x0, y0, dx, dy in passes:
+        cols, rows = -(-(width - x0) // dx), -(-(height - y0) // dy)
+        if cols > 0 and rows > 0:
+            expected += rows * (1 + -(-cols * bits // 8))
+    stream, pos = zlib.decompressobj(), 8
+    inflated = 0
+    while pos + 8 <= len(data) and inflated < expected:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] == b"IDAT":
+            try:
+                inflated += len(stream.decompress(data[pos + 8:pos + 8 + length], expected - inflated))
+            except zlib.error:
+                return False
+        pos += 12 + length
+    return inflated >= expected
+
+
 def _decode_torchvision(data: np.ndarray):
     import torch
     from torchvision.io import ImageReadMode, decode_image
 
+    if not png_data_complete(data.tobytes()):
+        return None
     try:
         image = decode_image(torch.from_numpy(data), mode=ImageReadMode.RGB)  # (3, H, W)
     except RuntimeError:
