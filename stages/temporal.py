@@ -1,6 +1,6 @@
 """Stage `temporal`: a sequence model over frame embeddings → refined val/test probabilities.
 
-Trains `vce.temporal`'s dilated temporal convolution network on the training videos'
+Trains `vce.infer.temporal`'s dilated temporal convolution network on the training videos'
 embeddings (labels from the split frame index) and writes `val.parquet` and `test.parquet` in
 the probabilities contract, plus `metrics/temporal.json` (validation frame mAP of the refined
 and of the frame model's probabilities). `post.probs: temporal` makes thresholds and

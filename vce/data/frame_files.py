@@ -1,6 +1,6 @@
 """Listing frame folders cheaply, and the index report that records what was skipped and why.
 
-Shared by the Galar and the RARE-VISION test layouts (`vce.index`). Listing uses `os.scandir`
+Shared by the Galar and the RARE-VISION test layouts (`vce.data.index`). Listing uses `os.scandir`
 plus, per frame file, open + fstat (its size) and, when the PNG end check is on, a 12-byte read
 of its end: about 6-12 µs per file with a warm page cache, 40 µs from a cold disk. The same open
 also reads the first 24 bytes (PNG or JPEG, and the PNG header's width × height): no measurable

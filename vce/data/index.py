@@ -7,13 +7,13 @@ Reads file names, sizes and label CSVs only, never pixels. Contract of both tabl
     frame       int64   the number in the file name
     index       int64   Galar: the CSV's `index` (annotated-frame counter); test: 0-based position
     path        str     relative to the layout's root
-    <17 labels> uint8   Galar only, named exactly as vce.labels.LABELS
+    <17 labels> uint8   Galar only, named exactly as vce.core.labels.LABELS
     event_unit  str     "index" (Galar: the official ground truth counts annotated frames)
                         or "frame" (test: events use the file's frame number)
     capsule     str     capsule system from metadata.csv, else ""
 
 Bad input: an error (ValueError naming the file) where results would be wrong, a counted
-warning in the index report where skipping is safe (vce.frame_files.WARNING_KINDS).
+warning in the index report where skipping is safe (vce.data.frame_files.WARNING_KINDS).
 """
 
 from __future__ import annotations

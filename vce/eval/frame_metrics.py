@@ -1,7 +1,7 @@
 """Frame-level validation metrics per label: support, average precision, ROC AUC (scikit-learn).
 
 These are the numbers the seed system reported per class (REFERENCE.md); they say how well
-frames are ranked, not how the events score (that is `vce.score`).
+frames are ranked, not how the events score (that is `vce.eval.score`).
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def f1_at(y_true: np.ndarray, y_prob: np.ndarray, threshold: float) -> float | N
 def per_class_table(y_true, y_prob, thresholds: dict, frame_result: dict, score_result: dict) -> pd.DataFrame:
     """One row per label: support, ap, auc, threshold, f1, tap@0.5, tap@0.95.
 
-    `frame_result` is `vce.frame_metrics.frame_metrics(y_true, y_prob)`, `score_result`
+    `frame_result` is `vce.eval.frame_metrics.frame_metrics(y_true, y_prob)`, `score_result`
     `vce.score.score(gt, prediction)`; missing values (AP without positives, F1 0/0) are NaN.
     """
     y_true, y_prob = _check_arrays(y_true, y_prob, "per_class_table")

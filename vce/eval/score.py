@@ -1,7 +1,7 @@
 """The official RARE-VISION temporal mAP, exactly and fast; and the official sanity checks.
 
 `score(gt, pred)` gives the numbers of the challenge's evaluator (REFERENCE.md "The official
-metric"; the direct transcription is `vce.score_reference`) to floating-point rounding, with
+metric"; the direct transcription is `vce.eval.score_reference`) to floating-point rounding, with
 their sharp edges kept on purpose:
 
 - matching is greedy in prediction file order, each prediction taking the *first* unmatched
@@ -24,7 +24,7 @@ CLI: ``python -m vce.eval.score GT.json PRED.json`` prints one JSON object; a su
 the checks (or a file that cannot be read) prints ``error: ...`` to stderr and exits 2. The CLI
 reads files as the official evaluator does: any UTF-8/16/32 encoding (BOM or not), and events
 with start > end, float or bool frames or frames past int64 are scored by the definition
-(`vce.score_reference`, the evaluator's arithmetic) with a warning; ``--strict`` refuses them.
+(`vce.eval.score_reference`, the evaluator's arithmetic) with a warning; ``--strict`` refuses them.
 The pipeline's own writer (stage `events`) is always checked strictly.
 """
 

@@ -16,7 +16,7 @@ over windowed self-attention: linear in video length, no window edges, a few sec
 
 Training: random crops of `chunk_frames` consecutive frames of the training videos (a video
 shorter than that is one zero-padded, masked crop), `batch_chunks` crops per step, `steps`
-AdamW steps; loss = the frame model's asymmetric focal loss (vce.losses, params `loss`) with
+AdamW steps; loss = the frame model's asymmetric focal loss (vce.train.losses, params `loss`) with
 its label smoothing, averaged over valid frames. Inference runs each whole video at once.
 Frames are taken in frame order; gaps in the numbering are not modelled. Invalid frames
 (undecodable) enter as the mean embedding, are left out of the loss, and keep valid=False and

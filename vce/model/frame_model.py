@@ -1,7 +1,7 @@
 """The frame model: BiomedCLIP's image tower with differential attention, and two heads.
 
 One factory, `create_model(params)`, builds the model for every `model.source` (tiny, random,
-hf-hub:…, local-dir:…; where configs and weights come from: vce/clip_source.py). `tiny` is the
+hf-hub:…, local-dir:…; where configs and weights come from: vce/model/clip_source.py). `tiny` is the
 same code path at demo size (timm ViT 64 px, patch 8, width 64, 4 blocks, 4 heads: one CPU
 training step at batch 64 runs at roughly 800 frames/s on 2 cores).
 

@@ -18,7 +18,7 @@ Pipeline (per label, then per video; every knob in `EventParams` / params.yaml `
    (mean probability inside the event), since file order is the ranking AP uses.
 
 With `anatomy: viterbi`, before step 5 the five region labels are replaced by one monotone
-region path per video and landmarks are confined to its boundaries (`vce.anatomy`): region
+region path per video and landmarks are confined to its boundaries (`vce.post.anatomy`): region
 thresholds and smoothing knobs then have no effect.
 
 All videos are laid end to end on one dense frame axis (`Timeline`): missing times become
@@ -117,7 +117,7 @@ class Timeline:
     observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
     prob_cums: dict = field(default_factory=dict)  # label -> (P+1,) prefix sums of probs, filled lazily
-    region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.anatomy)
+    region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
 
 
 def build_timeline(

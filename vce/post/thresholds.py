@@ -4,7 +4,7 @@
 classes under `low_support` frame support as the seed does (REFERENCE.md "The seed system").
 
 `tune_on_map` searches thresholds and the events post-processing knobs directly on the
-validation temporal mAP (`vce.score`), because that is what is scored and its sharp edges
+validation temporal mAP (`vce.eval.score`), because that is what is scored and its sharp edges
 (an absent label left unpredicted is worth AP 1, one false event in that video makes it 0;
 events are ranked by file order) are invisible to frame F1. Coordinate ascent, coarse to fine:
 
