@@ -23,6 +23,8 @@ def parse_args(argv):
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
     parser.add_argument("--test", default="data/index/test.parquet", help="test frame index")
+    parser.add_argument("--held-out", default=None,
+                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--out", default="data/cache", help="cache folder written")
     return parser.parse_args(argv)
 
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
              for s in ("train", "val") if s in cache.splits]
     if "test" in cache.splits and data.test_root is not None:
         parts.append(read_index(args.test, columns).assign(root=str(data.test_root)))
+    if "test" in cache.splits and args.held_out:
+        parts.append(read_index(args.held_out, columns).assign(root=str(data.root)))
     meta = build_cache(pd.concat(parts, ignore_index=True), args.out, cache, data.max_frame_pixels)
     print(f"cached {meta['count']} frames at {meta['size']} px ({meta['invalid']} undecodable) in {args.out}")
     return 0

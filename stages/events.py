@@ -1,7 +1,8 @@
 """Stage `events`: thresholds + temporal post-processing → events in the official JSON.
 
 Writes the validation events (scored by `score`) and the test-set submission, each as the
-official JSON and an .xlsx (video_id, start, end, label). Post-processing knobs come from
+official JSON and an .xlsx (video_id, start, end, label). The test set is the test index and,
+with `--held-out`, the labelled videos `split.test_videos` holds out. Post-processing knobs come from
 params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: map` tuned them.
 With `thresholds.method: engine` the fitted score engine (`vce.post.engine`) writes both lists:
 `val.json` / `submission.json` the metric-optimal submission (candidates appended per label),
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import read_index
+from vce.core.contracts import all_test_frames, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import check_labels
@@ -40,6 +41,8 @@ def parse_args(argv):
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
     parser.add_argument("--test-frames", default="data/index/test.parquet", help="test frame index")
+    parser.add_argument("--held-out", default=None,
+                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--out-dir", default="data/events", help="events written here (val/submission .json and .xlsx)")
     return parser.parse_args(argv)
 
@@ -82,9 +85,10 @@ def main(argv=None) -> int:
     val_probs = args.val_probs or str(probs_dir / "val.parquet")
     test_probs = args.test_probs or str(probs_dir / "test.parquet")
     out = Path(args.out_dir)
-    for name, probs_path, frames_path in (("val", val_probs, args.frames),
-                                          ("submission", test_probs, args.test_frames)):
-        probs, _ = join_probs(read_index(probs_path), read_index(frames_path))
+    test_frames = all_test_frames(read_index(args.test_frames), read_index(args.held_out) if args.held_out else None)
+    for name, probs_path, frames in (("val", val_probs, read_index(args.frames)),
+                                     ("submission", test_probs, test_frames)):
+        probs, _ = join_probs(read_index(probs_path), frames)
         if engine is not None:  # metric-optimal submission and the clean clinical list
             submission, clinical = engine_submission(probs, engine)
         else:

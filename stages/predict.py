@@ -7,8 +7,9 @@ Split by purpose, so that a new test exam costs only its own frames:
   model file records) and, with `split.n_folds: 1` and `train` in `predict.splits`, its own
   training videos (`train.parquet`, for the temporal model). Also writes `coverage.json`
   (fold, held-out videos, the model's training videos) for the ensemble stage's coverage check.
-- ``--part test`` (dvc.yaml `predict_test@k`): the unlabelled test set (`test.parquet`, possibly
-  empty). Reads only the test index and `data.test_root`.
+- ``--part test`` (dvc.yaml `predict_test@k`): the test set (`test.parquet`, possibly empty):
+  the unlabelled test index under `data.test_root` and, with `--held-out`, the labelled videos
+  `split.test_videos` holds out (under `data.root`; the model must not have trained on them).
 - ``--part all`` (the default, outside DVC): both, into one folder (the layout before folds).
 
 With `predict.embeddings` each predicted split also gets `<split>_embeddings.parquet`; a small
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import read_index
+from vce.core.contracts import all_test_frames, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.params import from_dict, load_params
@@ -46,6 +47,8 @@ def parse_args(argv):
     parser.add_argument("--model", default="models/folds/0/model.pt", help="trained model file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split and fold")
     parser.add_argument("--test", default="data/index/test.parquet", help="unlabelled test frame index")
+    parser.add_argument("--held-out", default=None,
+                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
     parser.add_argument("--out-dir", default="data/predict/fold_0", help="probabilities (and embeddings) written here")
     parser.add_argument("--report", default="metrics/folds/predict_0.json", help="frame counts and undecodable frames")
@@ -65,6 +68,20 @@ def labelled_jobs(args, params: dict, data: DataParams, predict_params: PredictP
     coverage = {"fold": args.fold, "model": str(args.model), "held_out_videos": held_out,
                 "model_train_videos": sorted(payload["train_videos"])}
     return jobs, coverage
+
+
+def job_for_test_set(args, data: DataParams, payload: dict):
+    """("test", rows, root): the test index, plus the held-out labelled videos (paths joined to their roots)."""
+    test = read_index(args.test)
+    if len(test) and data.test_root is None:
+        raise DataError(f"{args.test} has frames but data.test_root is null")
+    held = read_index(args.held_out) if args.held_out else None
+    if held is None or not len(held):
+        return "test", test, data.test_root
+    check_unseen(sorted(held["video_id"].astype(str).unique()), payload.get("train_videos"), args.fold, args.model)
+    rows = all_test_frames(test.assign(path=[str(Path(data.test_root or ".") / p) for p in test["path"]]),
+                           held.assign(path=[str(Path(data.root) / p) for p in held["path"]]))
+    return "test", rows, "."
 
 
 @runner.stage
@@ -88,10 +105,7 @@ def main(argv=None) -> int:
     if args.part in ("labelled", "all"):
         jobs, coverage = labelled_jobs(args, params, data, predict_params, payload)
     if args.part in ("test", "all"):
-        test = read_index(args.test)
-        if len(test) and data.test_root is None:
-            raise DataError(f"{args.test} has frames but data.test_root is null")
-        jobs.append(("test", test, data.test_root))
+        jobs.append(job_for_test_set(args, data, payload))
     cache = FrameCache.open(args.cache)
     report = {}
     for split, rows, root in jobs:

@@ -1,8 +1,10 @@
 """Stage `report`: curves and tables for `dvc plots`, event timelines and `metrics/report.md`.
 
 Reads the validation probabilities (the ones `post.probs` selects), labels, thresholds, predicted
-events and ground truth; with `score.test_gt` also the test probabilities, events and ground
-truth, so the report puts the held-out score and its timelines beside validation. Writes plot
+events and ground truth; when the score stage knew a test ground truth (`test_gt.json` beside
+`--gt`: `score.test_gt` and the labels of the videos `split.test_videos` holds out) also the
+test probabilities and events, so the report puts the held-out score and its timelines beside
+validation. Writes plot
 data under `plots/` (declared in dvc.yaml's top-level `plots:`) and the markdown report.
 """
 
@@ -15,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from vce.core import runner
-from vce.core.contracts import read_index
+from vce.core.contracts import all_test_frames, read_index
 from vce.core.errors import DataError
 from vce.core.io import read_json
 from vce.core.labels import LABELS
-from vce.core.params import PostParams, ScoreParams, from_dict, load_params
+from vce.core.params import PostParams, from_dict, load_params
 from vce.eval.report import ReportParams, ScoredSet, write_report
 from vce.post.events import EventParams
 from vce.post.timeline import join_probs
@@ -36,11 +38,15 @@ def parse_args(argv):
     parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing")
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--gt", default="data/score/val_gt.json", help="validation ground-truth events")
+    parser.add_argument("--test-gt", default=None,
+                        help="test ground truth the score stage scored against (None: test_gt.json beside --gt)")
     parser.add_argument("--plots-dir", default="plots", help="plot data written here")
     parser.add_argument("--report", default="metrics/report.md", help="markdown report written")
     parser.add_argument("--test-probs", default=None,
-                        help="test probabilities (None: the ones post.probs selects; used when score.test_gt is set)")
+                        help="test probabilities (None: the ones post.probs selects; used when the test truth is known)")
     parser.add_argument("--test-index", default="data/index/test.parquet", help="test frame index")
+    parser.add_argument("--held-out", default=None,
+                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test events")
     return parser.parse_args(argv)
 
@@ -51,7 +57,6 @@ def main(argv=None) -> int:
     all_params = load_params(args.params)
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs
-    test_gt = from_dict(ScoreParams, all_params["score"], "score").test_gt
     configured_events = from_dict(EventParams, all_params["events"], "events").model_dump()
     folder = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
     probs, labels = join_probs(read_index(args.probs or folder / "val.parquet"), read_index(args.frames))
@@ -60,14 +65,15 @@ def main(argv=None) -> int:
     valid = probs["valid"].to_numpy()
     sets = [_scored_set("validation", probs, read_index(args.frames), read_json(args.gt, "ground truth"),
                         read_json(args.events, "validation events"))]
-    test_events = read_json(args.test_events, "test events") if test_gt else None
-    if test_events is not None and test_events["videos"]:  # the test ground truth is known: a held-out score
-        index = read_index(args.test_index)
+    test_gt = read_json(args.test_gt or Path(args.gt).with_name("test_gt.json"), "test ground truth")
+    if test_gt["videos"]:  # the score stage knew the test ground truth: a held-out score
+        index = all_test_frames(read_index(args.test_index), read_index(args.held_out) if args.held_out else None)
         test_probs, _ = join_probs(read_index(args.test_probs or folder / "test.parquet"), index)
-        sets.append(_scored_set("test", test_probs, index, read_json(test_gt, "score.test_gt"), test_events))
-    elif test_events is not None:  # data.test_root: null — no test set to hold against score.test_gt
-        print(f"warning: score.test_gt is {test_gt} but the test submission holds no video: "
-              "no test score in the report", file=sys.stderr)
+        known = {video["video_id"] for video in test_gt["videos"]}  # test-root videos without truth: not drawn
+        test_probs = test_probs[test_probs["video_id"].astype(str).isin(known)].reset_index(drop=True)
+        test_events = read_json(args.test_events, "test events")
+        test_events = {"videos": [video for video in test_events["videos"] if video["video_id"] in known]}
+        sets.append(_scored_set("test", test_probs, index, test_gt, test_events))
     results = write_report(
         y_true=labels[valid],
         y_prob=probs[list(LABELS)].to_numpy()[valid],

@@ -4,6 +4,9 @@ when the test ground truth is known, as for the demo).
 The ground truth is built from the validation labels exactly as the challenge builds its
 JSON (a new event whenever the set of active labels changes, in the index's event unit),
 written beside the score so `python -m vce.eval.score` can rescore any file against it.
+The test ground truth is `score.test_gt` for the data.test_root videos and, built the same way
+from their labels, that of the labelled videos `split.test_videos` holds out (`--held-out`);
+the union is written beside the validation one (`test_gt.json`, no video when not scored).
 
 Two layers of metrics. The headline (`dvc metrics show`, `dvc exp show`): one small file per
 set, `--val-headline` and `--test-headline`, with map@0.5, map@0.95, the empty submission's
@@ -17,12 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from vce.core import runner
 from vce.core.contracts import read_index
 from vce.core.io import read_json, write_json
 from vce.core.params import ScoreParams, load_section
-from vce.eval.score import score
+from vce.eval.score import check_submission, score
 from vce.post.events import labels_to_submission
 from vce.post.timeline import labels_on_time
 
@@ -35,11 +39,15 @@ def parse_args(argv):
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test-set events")
     parser.add_argument("--frame-metrics", default="metrics/thresholds.json",
                         help="the thresholds stage's metrics: frame_map of the probabilities behind the events")
+    parser.add_argument("--held-out", default=None,
+                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--gt-out", default="data/score/val_gt.json", help="validation ground truth written here")
+    parser.add_argument("--test-gt-out", default=None,
+                        help="the test ground truth scored against, written here (None: test_gt.json beside --gt-out)")
     parser.add_argument("--metrics", default="metrics/score.json", help="detailed scores: per video and per label")
     parser.add_argument("--val-headline", default="metrics/headline/val.json", help="headline validation metrics")
     parser.add_argument("--test-headline", default="metrics/headline/test.json",
-                        help="headline test metrics ({} without score.test_gt)")
+                        help="headline test metrics ({} without a known test ground truth)")
     return parser.parse_args(argv)
 
 
@@ -67,6 +75,38 @@ def _n_events(submission: dict) -> int:
     return sum(len(video["events"]) for video in submission["videos"])
 
 
+def known_test_truth(events_path: str, test_gt: str | None, held_out) -> tuple[dict | None, dict | None]:
+    """(ground truth, submission) of the test videos whose truth is known, or (None, None).
+
+    Known: the data.test_root videos through `score.test_gt`, the held-out labelled videos
+    (split.test_videos) through their labels. Test-root videos without `score.test_gt` are left
+    out of the score, with a warning. The submission must hold exactly the known videos.
+    """
+    held_gt = labels_to_submission(labels_on_time(held_out)) if held_out is not None and len(held_out) else None
+    if test_gt is None and held_gt is None:
+        return None, None
+    prediction = read_json(events_path, "test events")
+    if held_gt is None:
+        if not prediction["videos"]:
+            # No test set (data.test_root: null): there is nothing to hold against score.test_gt.
+            print(f"warning: score.test_gt is {test_gt} but the test submission holds no video "
+                  "(data.test_root: null?): the test set is not scored", file=sys.stderr)
+            return None, None
+        truth = read_json(test_gt, "score.test_gt")
+    else:
+        held = {video["video_id"] for video in held_gt["videos"]}
+        others = [video for video in prediction["videos"] if video["video_id"] not in held]
+        if others and test_gt is None:
+            print(f"warning: {len(others)} data.test_root video(s) have no ground truth (score.test_gt: null): "
+                  f"the test score covers the {len(held)} held-out labelled video(s) only", file=sys.stderr)
+            prediction = {"videos": [video for video in prediction["videos"] if video["video_id"] in held]}
+            others = []
+        known = read_json(test_gt, "score.test_gt")["videos"] if others else []
+        truth = {"videos": [*known, *held_gt["videos"]]}
+    check_submission(prediction, truth, where=f"test events {events_path}")
+    return truth, prediction
+
+
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -82,15 +122,11 @@ def main(argv=None) -> int:
     print(score_line("validation", result, empty, len(gt["videos"]), _n_events(prediction)))
     write_json(args.val_headline, headline(result, empty, frame_map))
     test_headline: dict = {}
-    test_prediction = read_json(args.test_events, "test events") if test_gt is not None else None
-    if test_prediction is not None and not test_prediction["videos"]:
-        # No test set (data.test_root: null): there is nothing to hold against score.test_gt.
-        print(f"warning: score.test_gt is {test_gt} but the test submission holds no video "
-              "(data.test_root: null?): the test set is not scored", file=sys.stderr)
-        test_prediction = None
-    if test_prediction is not None:
+    held_out = read_index(args.held_out) if args.held_out else None
+    truth, test_prediction = known_test_truth(args.test_events, test_gt, held_out)
+    write_json(args.test_gt_out or Path(args.gt_out).with_name("test_gt.json"), truth or {"videos": []}, indent=None)
+    if truth is not None:
         # A held-out number: nothing upstream (training, thresholds, tuning) saw these videos.
-        truth = read_json(test_gt, "score.test_gt")
         test, test_empty = score(truth, test_prediction), score(truth, empty_submission(truth))
         result["test"] = {key: test[key] for key in ("map@0.5", "map@0.95", "per_video@0.5", "per_video@0.95")}
         print(score_line("test", test, test_empty, len(truth["videos"]), _n_events(test_prediction)))

@@ -1,10 +1,13 @@
 """Stage `split`: assign every labelled video to train or validation (never both).
 
     python stages/split.py [--params params.yaml] [--index data/index/frames.parquet]
-        [--out data/split/frames.parquet] [--metrics metrics/split.json]
+        [--out data/split/frames.parquet] [--test-out data/split/test.parquet] [--metrics metrics/split.json]
 
 Reads the `split` section. Writes the frame index with a `split` column ("train"/"val") and a
 small summary: videos per split, per-label positive frames and positive videos per split.
+The labelled videos `split.test_videos` holds out go to `--test-out` instead (split "test",
+fold -1; empty without them): train, predict@k, the ensemble and the thresholds never see
+them; predict_test, events, score and report treat them as test videos with known labels.
 """
 
 from __future__ import annotations
@@ -28,17 +31,23 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--index", default="data/index/frames.parquet", help="labelled frame index (index stage)")
     parser.add_argument("--out", default="data/split/frames.parquet", help="frame index with split column written")
+    parser.add_argument("--test-out", default=None,
+                        help="held-out labelled test videos (split.test_videos) written here (None: test.parquet beside --out)")
     parser.add_argument("--metrics", default="metrics/split.json", help="videos and label coverage per split")
     args = parser.parse_args(argv)
+    test_out = args.test_out or Path(args.out).with_name("test.parquet")
     cfg = load_section(args.params, "split", SplitParams)
     if not Path(args.index).is_file():
         raise DataError(f"frame index not found: {args.index} (run the index stage first)")
     frames, summary = split_frames(pd.read_parquet(args.index), cfg)
-    write_parquet(args.out, frames)
+    is_test = (frames["split"] == "test").to_numpy()
+    write_parquet(args.out, frames[~is_test])
+    write_parquet(test_out, frames[is_test])
     write_json(args.metrics, summary)
+    held = f", {len(summary['test']['videos'])} held out as test (split.test_videos)" if "test" in summary else ""
     print(f"split {sum(summary['n_videos'].values())} videos: {summary['n_videos']['train']} "
-          f"train, {summary['n_videos']['val']} val; labels without validation positives: "
-          f"{summary['labels_without_val_positives'] or 'none'} -> {args.out}, {args.metrics}")
+          f"train, {summary['n_videos']['val']} val{held}; labels without validation positives: "
+          f"{summary['labels_without_val_positives'] or 'none'} -> {args.out}, {test_out}, {args.metrics}")
     return 0
 
 

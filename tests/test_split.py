@@ -136,3 +136,80 @@ def test_explicit_validation_videos_are_checked_against_the_index():
         from_dict(SplitParams, {**repo_params()["split"], "n_folds": 2, "folds": [0, 1], "val_videos": ["1"]}, "split")
     with pytest.raises(ParamsError, match=r"^split.val_videos = .*: lists a video twice"):
         from_dict(SplitParams, {**repo_params()["split"], "val_videos": ["1", 1]}, "split")
+
+
+# ----------------------------------------------------------------------------- split.test_videos
+
+
+def test_test_videos_are_held_out_of_every_part_and_fold():
+    frames = frame_table()
+    for n_folds in (1, 4):
+        folds = {"n_folds": n_folds, "folds": list(range(n_folds))}
+        out, summary = split_frames(frames, section_params(SplitParams, "split", test_videos=["3", 17], **folds))
+        test = out[out["split"] == "test"]
+        assert set(test["video_id"]) == {"3", "17"} and len(test) == 2 * 30
+        assert (test["fold"] == -1).all(), "no fold trains on, nor validates on, a test video"
+        assert test.drop(columns=["split", "fold"]).reset_index(drop=True).equals(
+            frames[frames["video_id"].isin(["3", "17"])].reset_index(drop=True)), "rows and labels kept as indexed"
+        assert summary["test"]["videos"] == ["17", "3"] and summary["test"]["n_frames"] == 60
+        assert summary["test"]["positive_videos"]["z-line"] == 2  # z-line is only in videos 3 and 17
+        assert "3" not in summary["videos"]["train"] + summary["videos"]["val"]
+        # The folds / parts are built on the remaining videos only: exactly the split of the index without them.
+        rest = frames[~frames["video_id"].isin(["3", "17"])].reset_index(drop=True)
+        alone, alone_summary = split_frames(rest, section_params(SplitParams, "split", **folds))
+        assert out[out["split"] != "test"].reset_index(drop=True).equals(alone)
+        assert {k: v for k, v in summary.items() if k != "test"} == alone_summary
+        if n_folds > 1:
+            assert "3" not in summary["fold_of_video"] and len(summary["fold_of_video"]) == 18
+
+
+def test_without_test_videos_the_split_and_its_summary_are_unchanged():
+    """split.test_videos: [] (the demo): no "test" rows and no "test" key (dvc.lock outputs unchanged)."""
+    out, summary = split_frames(frame_table(), section_params(SplitParams, "split"))
+    assert set(out["split"]) == {"train", "val"} and "test" not in summary
+
+
+def test_test_videos_with_explicit_validation_videos():
+    out, summary = split_frames(frame_table(), section_params(SplitParams, "split", val_videos=["5", "6"],
+                                                             test_videos=["7"]))
+    assert summary["videos"]["val"] == ["5", "6"] and summary["test"]["videos"] == ["7"]
+    assert summary["n_videos"] == {"train": 17, "val": 2}
+    assert set(out.loc[out["split"] == "test", "video_id"]) == {"7"}
+
+
+def test_test_videos_are_checked_against_the_index_and_the_other_keys():
+    frames = frame_table(n_videos=4)
+    with pytest.raises(ParamsError, match=r"^split.test_videos: unknown video id\(s\) \['99'\]; "
+                                          r"the frame index has \['1', '2', '3', '4'\]$"):
+        split_frames(frames, section_params(SplitParams, "split", test_videos=["2", 99]))
+    with pytest.raises(ParamsError, match=r"^split.test_videos: holds out 3 of the 4 labelled videos, 1 left "
+                                          r"for training and validation; split.n_folds = 1 needs at least 2$"):
+        split_frames(frames, section_params(SplitParams, "split", test_videos=["1", "2", "3"]))
+    with pytest.raises(ParamsError, match=r"^split.test_videos: holds out 2 of the 4 labelled videos, 2 left "
+                                          r"for training and validation; split.n_folds = 3 needs at least 3$"):
+        split_frames(frames, section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2], test_videos=["1", "2"]))
+    assert split_frames(frames, section_params(SplitParams, "split", test_videos=["1", "2"]))[1]["n_videos"] == {
+        "train": 1, "val": 1}
+    with pytest.raises(ParamsError, match=r"^split.test_videos = \['3', '4'\]: video\(s\) \['3'\] are also in "
+                                          r"split.val_videos: a video is validation or test, not both$"):
+        from_dict(SplitParams, {**repo_params()["split"], "val_videos": [3], "test_videos": ["3", "4"]}, "split")
+    with pytest.raises(ParamsError, match=r"^split.test_videos = .*: lists a video twice"):
+        from_dict(SplitParams, {**repo_params()["split"], "test_videos": ["1", 1]}, "split")
+
+
+def test_stage_writes_the_held_out_videos_beside_the_split(tmp_path):
+    write_parquet(tmp_path / "frames.parquet", frame_table())
+    args = ["--params", str(tmp_path / "params.yaml"), "--index", str(tmp_path / "frames.parquet"),
+            "--out", str(tmp_path / "split/frames.parquet"), "--metrics", str(tmp_path / "split.json")]
+    write_params(tmp_path / "params.yaml", split={"test_videos": []})
+    assert load_stage().main(args) == 0
+    empty = pd.read_parquet(tmp_path / "split/test.parquet")
+    assert len(empty) == 0 and list(empty.columns) == list(pd.read_parquet(tmp_path / "split/frames.parquet").columns)
+    write_params(tmp_path / "params.yaml", split={"test_videos": ["4", "9"]})
+    assert load_stage().main(args) == 0
+    split, test = pd.read_parquet(tmp_path / "split/frames.parquet"), pd.read_parquet(tmp_path / "split/test.parquet")
+    assert set(test["video_id"]) == {"4", "9"} and set(test["split"]) == {"test"} and len(test) == 60
+    assert not set(split["video_id"]) & {"4", "9"} and set(split["split"]) == {"train", "val"} and len(split) == 540
+    assert json.loads((tmp_path / "split.json").read_text())["test"]["videos"] == ["4", "9"]
+    assert load_stage().main([*args, "--test-out", str(tmp_path / "elsewhere.parquet")]) == 0
+    assert pd.read_parquet(tmp_path / "elsewhere.parquet").equals(test)

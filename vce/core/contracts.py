@@ -3,8 +3,9 @@
 Every file format that one stage writes and another reads is defined here once, so a change
 to a format is made in one place and every reader sees it:
 
-- frame index (`data/index/*.parquet`, `data/split/frames.parquet`): video_id, frame, index,
-  path, label columns, split — read with `read_index`;
+- frame index (`data/index/*.parquet`, `data/split/*.parquet`): video_id, frame, index,
+  path, label columns, split — read with `read_index`; the test set is `all_test_frames` of the test
+  index and the held-out labelled videos;
 - probabilities (`data/predict/<split>.parquet`, `data/temporal/<split>.parquet`):
   `probs_schema()`, written by `write_probs`;
 - embeddings (`data/predict/<split>_embeddings.parquet`): `embeddings_schema(dim)`.
@@ -34,6 +35,20 @@ def read_index(path: str | Path, columns: list[str] | None = None) -> pd.DataFra
     if not path.is_file():
         raise FileNotFoundError(f"frame table not found: {path}")
     return pd.read_parquet(path, columns=columns)
+
+
+def all_test_frames(test: pd.DataFrame, held_out: pd.DataFrame | None) -> pd.DataFrame:
+    """The test set's frame index: the unlabelled test index (`data/index/test.parquet`) and the
+    labelled videos `split.test_videos` holds out (`data/split/test.parquet`), in the test
+    index's columns; a video id in both is an error."""
+    if held_out is None or not len(held_out):
+        return test
+    both = sorted(set(test["video_id"].astype(str)) & set(held_out["video_id"].astype(str)))
+    if both:
+        raise DataError(f"video id(s) {both[:5]} are both a data.test_root video and a held-out labelled "
+                        "video (split.test_videos): rename one of them")
+    columns = [c for c in test.columns if c in held_out.columns]
+    return pd.concat([test[columns], held_out[columns]], ignore_index=True)
 
 
 def label_matrix(frames: pd.DataFrame) -> np.ndarray:

@@ -7,6 +7,8 @@ coverage weighted towards labels present in few videos; then balance (each label
 positive frames in validation close to the validation share of videos).
 With `n_folds` > 1 the videos are cut into that many folds, scored summed over folds (so the
 partition does not depend on `fold`), and fold `fold` is the validation part.
+`test_videos` are labelled videos held out before any of that: in no part and no fold, never
+trained on nor tuned on, predicted and scored like the test set (split "test").
 """
 
 from __future__ import annotations
@@ -30,9 +32,15 @@ class SplitParams(Section):
     folds: list[int]  # the fold ids DVC's train/predict matrix runs: must be [0, 1, …, n_folds - 1]
     candidates: int = Field(ge=1)
     val_videos: list[str | int]  # explicit validation video ids (e.g. one device or centre); [] = chosen by the search
+    test_videos: list[str | int]  # labelled video ids held out as a test set (in no part, no fold); [] = none
 
     @model_validator(mode="after")
     def _fold_exists(self):
+        self.require(len(set(map(str, self.test_videos))) == len(self.test_videos), "test_videos",
+                     f"lists a video twice: {self.test_videos}")
+        both = sorted(set(map(str, self.val_videos)) & set(map(str, self.test_videos)))
+        self.require(not both, "test_videos",
+                     f"video(s) {both} are also in split.val_videos: a video is validation or test, not both")
         self.require(not self.val_videos or self.n_folds == 1, "val_videos",
                      f"explicit validation videos need n_folds = 1 (n_folds = {self.n_folds})")
         self.require(len(set(map(str, self.val_videos))) == len(self.val_videos), "val_videos",
@@ -113,8 +121,31 @@ def explicit_groups(positives: pd.DataFrame, val_videos: list) -> np.ndarray:
     return np.isin(known, wanted).astype(np.int64)
 
 
+def held_out_mask(frames: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
+    """(N,) bool: the frames of the videos `split.test_videos` holds out, ids checked against the index."""
+    wanted = [str(v) for v in cfg.test_videos]
+    videos = frames["video_id"].astype(str)
+    known = sorted(set(videos))
+    unknown = [v for v in wanted if v not in set(known)]
+    if unknown:
+        shown = known[:20] + (["..."] if len(known) > 20 else [])
+        raise ParamsError(f"split.test_videos: unknown video id(s) {unknown}; the frame index has {shown}")
+    left, needed = len(known) - len(wanted), 2 if cfg.n_folds == 1 else cfg.n_folds
+    if wanted and left < needed:
+        raise ParamsError(f"split.test_videos: holds out {len(wanted)} of the {len(known)} labelled videos, "
+                          f"{left} left for training and validation; split.n_folds = {cfg.n_folds} needs at least {needed}")
+    return videos.isin(wanted).to_numpy()
+
+
 def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, dict]:
-    """(frames with a `split` column "train"/"val", summary of counts per split)."""
+    """(frames with a `split` column "train"/"val"/"test", summary of counts per split).
+
+    "test" rows are the videos of `split.test_videos` (fold -1: no fold trains on them, none
+    validates on them); every other video is assigned among the remaining ones only.
+    """
+    held = held_out_mask(frames, cfg)
+    test = frames[held]
+    frames = frames[~held].reset_index(drop=True)
     positives = video_positives(frames)
     groups = explicit_groups(positives, cfg.val_videos) if cfg.val_videos else assign_groups(positives, cfg)
     val_group = 1 if cfg.n_folds == 1 else cfg.fold
@@ -125,7 +156,15 @@ def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, 
     # and training videos are held out by no fold (-1).
     held_out_by = groups if cfg.n_folds > 1 else np.where(groups == 1, 0, -1)
     out["fold"] = out["video_id"].map(pd.Series(held_out_by, index=positives.index)).to_numpy(np.int64)
-    return out, summarise(out, positives, is_val, groups, cfg)
+    summary = summarise(out, positives, is_val, groups, cfg)
+    if len(test):
+        out = pd.concat([out, test.assign(split="test", fold=np.int64(-1))], ignore_index=True)
+        test_positives = video_positives(test)
+        summary["test"] = {  # only when set: metrics/split.json is unchanged without test videos
+            "videos": test_positives.index.tolist(), "n_frames": len(test),
+            "positive_frames": {label: int(test_positives[label].sum()) for label in LABELS},
+            "positive_videos": {label: int((test_positives[label] > 0).sum()) for label in LABELS}}
+    return out, summary
 
 
 def summarise(frames: pd.DataFrame, positives: pd.DataFrame, is_val: pd.Series,
