@@ -136,6 +136,24 @@ def test_a_model_that_trained_on_a_held_out_video_is_refused(held_out_run, capsy
     assert not (tmp_path / "leaky/test.parquet").exists()
 
 
+def test_the_frame_cache_holds_the_held_out_videos_for_predict_test(held_out_run):
+    """cache.enabled: cache_frames caches the held-out frames too, so predict_test reads them from it."""
+    tmp_path, args = held_out_run
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    params["cache"].update(enabled=True, num_workers=0)
+    (tmp_path / "cache_params.yaml").write_text(yaml.safe_dump(params))
+    swap = {str(tmp_path / "params.yaml"): str(tmp_path / "cache_params.yaml"), str(tmp_path / "cache"): str(tmp_path / "cache2")}
+    cache_args = [swap.get(a, a) for a in args["cache_frames"]] + ["--held-out", str(tmp_path / "split/test.parquet")]
+    assert load_stage("cache_frames").main(cache_args) == 0
+    index = pd.read_parquet(tmp_path / "index/frames.parquet")
+    assert json.loads((tmp_path / "cache2/meta.json").read_text())["count"] == len(index), "labelled + held out"
+    argv = [swap.get(a, a) for a in args["predict"]] + ["--part", "test", "--out-dir", str(tmp_path / "cached"),
+                                                         "--report", str(tmp_path / "cached.json")]
+    assert load_stage("predict").main(argv) == 0
+    cached = pd.read_parquet(tmp_path / "cached/test.parquet")
+    assert set(cached["video_id"]) == {HELD} and len(cached) == (index["video_id"] == HELD).sum()
+
+
 # ----------------------------------------------------------------------------- score alone, both kinds
 
 
