@@ -78,7 +78,8 @@ def job_for_test_set(args, data: DataParams, payload: dict):
     held = read_index(args.held_out) if args.held_out else None
     if held is None or not len(held):
         return "test", test, data.test_root
-    check_unseen(sorted(held["video_id"].astype(str).unique()), payload.get("train_videos"), args.fold, args.model)
+    check_unseen(sorted(held["video_id"].astype(str).unique()), payload.get("train_videos"), args.fold, args.model,
+                 holder="split.test_videos")
     rows = all_test_frames(test.assign(path=[str(Path(data.test_root or ".") / p) for p in test["path"]]),
                            held.assign(path=[str(Path(data.root) / p) for p in held["path"]]))
     return "test", rows, "."

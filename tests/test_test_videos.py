@@ -132,7 +132,7 @@ def test_a_model_that_trained_on_a_held_out_video_is_refused(held_out_run, capsy
     argv = args["predict"] + ["--part", "test", "--model", str(tmp_path / "leaky.pt"),
                               "--out-dir", str(tmp_path / "leaky"), "--report", str(tmp_path / "leaky.json")]
     assert load_stage("predict").main(argv) == 2
-    assert f"was trained on 1 video(s) that fold 0 holds out, e.g. {HELD}" in capsys.readouterr().err
+    assert f"was trained on 1 video(s) that split.test_videos holds out, e.g. {HELD}" in capsys.readouterr().err
     assert not (tmp_path / "leaky/test.parquet").exists()
 
 

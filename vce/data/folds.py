@@ -34,12 +34,14 @@ def held_out_videos(frames: pd.DataFrame, fold: int) -> list[str]:
     return sorted(frames.loc[frames["fold"].to_numpy() == fold, "video_id"].astype(str).unique())
 
 
-def check_unseen(held_out: list[str], trained_on: list[str] | None, fold: int, where: str) -> None:
-    """Raise unless no held-out video of fold `fold` is among the model's training videos."""
+def check_unseen(held_out: list[str], trained_on: list[str] | None, fold: int, where: str,
+                 holder: str | None = None) -> None:
+    """Raise unless no held-out video (of fold `fold`, or of `holder`) is among the model's training videos."""
+    holder = holder or f"fold {fold}"
     if trained_on is None:
         raise DataError(f"{where} does not record its training videos (an older train stage): "
                         f"retrain it before predicting fold {fold} out of fold")
     seen = sorted(set(held_out) & set(trained_on))
     if seen:
-        raise DataError(f"{where} was trained on {len(seen)} video(s) that fold {fold} holds out, "
+        raise DataError(f"{where} was trained on {len(seen)} video(s) that {holder} holds out, "
                         f"e.g. {seen[0]}: its predictions would not be out of fold (retrain, or rerun split)")

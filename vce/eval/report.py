@@ -233,8 +233,8 @@ def render_markdown(results: list[SetResult], table: pd.DataFrame, frame_result:
         "",
         "Official RARE-VISION temporal mAP (`vce.eval.score`) of the predicted events against the ground truth: "
         "validation events `data/events/val.json` against `data/score/val_gt.json`"
-        + ("; test events `data/events/submission.json` against `score.test_gt`." if len(results) > 1 else
-           "; no test score (`score.test_gt` is null)."),
+        + ("; test events `data/events/submission.json` against `data/score/test_gt.json` (`score.test_gt` and the `split.test_videos` labels)." if len(results) > 1 else
+           "; no test score (no `score.test_gt`, no `split.test_videos`)."),
         "",
         *_overall_section(results, frame_result),
         *_events_section(saved_thresholds, probs_source, configured_events),
