@@ -192,8 +192,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, engine_only: bool) -> dict:
-    """Tune on a random half of the videos, score every variant on the other half (shared by simulate2)."""
+def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, engine_only: bool,
+                 ceilings: dict | None = None) -> dict:
+    """Tune on a random half of the videos, score every variant on the other half (shared by simulate2;
+    `ceilings`: more oracle submissions, name -> submission over all videos, scored on that half)."""
     video_ids = [v["video_id"] for v in gt["videos"]]
     tune_ids = set(rng.permutation(video_ids)[: len(video_ids) // 2].tolist())
     test_ids = set(video_ids) - tune_ids
@@ -204,7 +206,8 @@ def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_par
     empty_sub = {"videos": [{"video_id": v, "events": []} for v in sorted(test_ids)]}
     held_out = {"empty": maps(gt_test, empty_sub),
                 "oracle_region_runs": maps(gt_test, oracle_runs(gt_test, REGIONS)),
-                "oracle_anatomy_runs": maps(gt_test, oracle_runs(gt_test, ANATOMY))}
+                "oracle_anatomy_runs": maps(gt_test, oracle_runs(gt_test, ANATOMY)),
+                **{name: maps(gt_test, restrict(sub, test_ids)) for name, sub in (ceilings or {}).items()}}
     out: dict = {"videos": {"tune": len(tune_ids), "test": len(test_ids), "frames": len(frame_probs)}}
 
     # The score engine (vce.post.engine), fitted on the tuning half only; tuning time on it.
@@ -231,6 +234,7 @@ def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_par
         out["tuning_map_seconds"] = report.get("seconds")
     out["held_out"] = held_out
     out["engine_tuning_seconds"] = round(engine_seconds, 1)
+    out["engine_report"] = engine.report
     out["engine_policies"] = {label: {k: v for k, v in policy.items() if k not in ("variants", "anchors")}
                               for label, policy in engine.policies.items()}
     out["engine_per_label"] = decomposition(gt_test, engine_sub)

@@ -16,6 +16,11 @@ but the frame probabilities fail differently:
 - **miscalibration**: per label, the logit is multiplied by a temperature in [0.5, 2] and
   shifted by N(0, 1) (the same for every video: a property of the model).
 
+The boundary noise is information the probabilities do not hold: `oracle_region_runs_as_scored`
+(the region runs exactly where the blurred truth puts them, what a perfect decoder of the
+region scores would emit) is the ceiling of one event per region here, next to
+`oracle_region_runs` (the true runs).
+
 The noise is AR(1) with correlation `--rho` (0.8 by default; `bench.simulate` uses 0.9), the
 per-label separations come from the seed's AUCs as there.
 
@@ -65,8 +70,21 @@ def blurred_regions(regions: np.ndarray, rng, boundary_sd: float, ramp: int) -> 
     return out
 
 
-def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> pd.DataFrame:
-    """Frame probabilities under the error model of the module docstring."""
+def as_scored_runs(video_id: str, times: np.ndarray, soft: np.ndarray) -> dict:
+    """One video's region runs where the blurred truth `soft` (T, 5) puts them (argmax, frames
+    without a region skipped): the exact runs a perfect decoder of the region scores could find."""
+    state = np.where(soft.sum(axis=1) > 0, soft.argmax(axis=1), -1)
+    events = []
+    for k, region in enumerate(REGIONS):
+        edges = np.diff((state == k).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        events += [{"start": int(times[a]), "end": int(times[b]), "label": [region]}
+                   for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1)]
+    return {"video_id": video_id, "events": events}
+
+
+def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> tuple[pd.DataFrame, dict]:
+    """Frame probabilities under the error model of the module docstring, and the region runs
+    as the region scores place them (`as_scored_runs`, a ceiling for any decoder)."""
     auc = np.array([max(SEED_AUC[label], 0.5) for label in LABELS])
     separation = np.sqrt(2.0) * norm.ppf(auc)  # (17,)
     temperature = rng.uniform(0.5, 2.0, len(LABELS))
@@ -76,10 +94,13 @@ def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> pd.DataFrame:
     finding_cols = [LABELS.index(f) for f in PATHOLOGY]
     out = frame_labels[["video_id", "t"]].copy()
     probs = np.empty((len(frame_labels), len(LABELS)), np.float32)
-    for _, rows in frame_labels.groupby("video_id", sort=False).indices.items():
+    as_scored = []
+    times = frame_labels["t"].to_numpy()
+    for video_id, rows in frame_labels.groupby("video_id", sort=False).indices.items():
         truth = frame_labels.iloc[rows][list(LABELS)].to_numpy(dtype=np.float64)  # (T, 17)
         signal = truth.copy()
         signal[:, region_cols] = blurred_regions(truth[:, region_cols], rng, args.boundary_sd, args.ramp)
+        as_scored.append(as_scored_runs(video_id, times[rows], signal[:, region_cols]))
         z = separation * signal + _ar1(rng, truth.shape, args.rho) - separation / 2
         z += device_offset[rng.integers(args.devices)] + args.drift_sd * _ar1(rng, truth.shape, 0.999)
         for k in finding_cols:
@@ -90,7 +111,7 @@ def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> pd.DataFrame:
                 z[burst, k] += (separation[k] + 1) * (truth[burst, k] == 0)
         probs[rows] = expit(z * temperature + shift)
     out[list(LABELS)] = probs
-    return out
+    return out, {"videos": as_scored}
 
 
 def main(argv=None) -> int:
@@ -110,8 +131,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     began = time.perf_counter()
     gt, frame_labels, rng, event_params, threshold_params = setup(args)
-    frame_probs = simulate_probs2(frame_labels, rng, args)
-    results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, not args.with_classic)
+    frame_probs, as_scored = simulate_probs2(frame_labels, rng, args)
+    results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, not args.with_classic,
+                           ceilings={"oracle_region_runs_as_scored": as_scored})
     model = {key: getattr(args, key) for key in ("seed", "rho", "boundary_sd", "ramp", "devices", "device_sd", "drift_sd", "bursts")}
     print(json.dumps({"model": {**model, "videos": args.videos or len(gt["videos"])}, **results,
                       "seconds": round(time.perf_counter() - began, 1)}, indent=2))

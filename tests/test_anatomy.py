@@ -39,6 +39,52 @@ def test_monotone_path_matches_brute_force(seed):
     assert (np.diff(path) >= 0).all()
 
 
+def brute_force_durations(scores, penalty, low, high):
+    """Best non-decreasing path whose every visited state lasts low[k]..high[k] frames (enumeration)."""
+    n_frames, n_states = scores.shape
+    best = (-np.inf, None)
+    for path in itertools.combinations_with_replacement(range(n_states), n_frames):
+        counts = np.bincount(path, minlength=n_states)
+        if any(c and not low[k] <= c <= high[k] for k, c in enumerate(counts)):
+            continue
+        value = scores[np.arange(n_frames), path].sum() - penalty * np.count_nonzero(np.diff(path))
+        best = max(best, (value, path), key=lambda item: item[0])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_duration_prior_path_matches_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    n_frames, n_states = int(rng.integers(2, 8)), 3
+    scores = rng.normal(size=(n_frames, n_states)) * 3
+    low = rng.integers(1, 4, n_states)
+    high = low + rng.integers(0, 4, n_states)
+    expected, best_path = brute_force_durations(scores, 0.5, low, high)
+    path, total = monotone_path(scores, 0.5, low, high)
+    if best_path is None:  # nothing fits: decoded without the prior
+        assert path.tolist() == monotone_path(scores, 0.5)[0].tolist()
+        return
+    assert total == pytest.approx(expected)
+    counts = np.bincount(path, minlength=n_states)
+    assert all(not c or low[k] <= c <= high[k] for k, c in enumerate(counts)) and (np.diff(path) >= 0).all()
+
+
+def test_duration_prior_changes_the_decoded_path():
+    # A 2-frame blip of state 1 between 0 and 2: decoded as it is, dropped (skipped) when state 1
+    # must last 4 frames, and a state capped at 3 frames ends early.
+    scores = np.full((10, 3), -2.0)
+    scores[:4, 0] = 0.0
+    scores[4:6, 1] = 0.0
+    scores[6:, 2] = 0.0
+    scores[4:6, 2] = -1.0  # the blip's frames lean to state 2 over state 0
+    assert monotone_path(scores, 0.1)[0].tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert monotone_path(scores, 0.1, [1, 4, 1])[0].tolist() == [0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    capped = monotone_path(scores, 0.1, None, [3, 10, 10])[0].tolist()
+    assert capped.count(0) == 3 and capped[3] == 1
+    # A video shorter than every minimum is decoded without the prior.
+    assert monotone_path(scores, 0.1, [20, 20, 20])[0].tolist() == monotone_path(scores, 0.1)[0].tolist()
+
+
 def test_monotone_path_ignores_a_noise_burst_that_would_go_back():
     truth = np.repeat([0, 2, 3, 4], [20, 30, 100, 50])
     probs = np.full((len(truth), 5), 0.05)

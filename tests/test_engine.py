@@ -19,9 +19,15 @@ from vce.post.engine import (
     engine_submission,
     fit_engine,
     fit_gate,
+    hysteresis_runs,
     learn_anchors,
+    learn_compatibility,
+    learn_durations,
     learn_variants,
     region_candidates,
+    region_truth,
+    run_candidates,
+    select_videos,
     tuning_timeline,
 )
 from vce.post.events import build_timeline, labels_to_submission
@@ -113,9 +119,10 @@ def test_region_candidates_rank_the_run_then_variants_then_cut_pieces():
     assert c.clinical == [[(50, 89)]] and c.evidence[0] == 40
 
 
-def _videos(n_videos, seed=0, mouth_prob=0.8):
+def _videos(n_videos, seed=0, mouth_prob=0.8, polyp_every=2):
     """Videos with random region lengths; GT mouth ends 2 frames before the probabilities say
-    (as if a z-line-like label cut it); polyp events (probability 0.9) in even videos."""
+    (as if a z-line-like label cut it); polyp events (probability 0.9) in the small intestine of
+    every `polyp_every`-th video."""
     rng = np.random.default_rng(seed)
     probs, gt = [], {"videos": []}
     for v in range(n_videos):
@@ -123,7 +130,7 @@ def _videos(n_videos, seed=0, mouth_prob=0.8):
         regions = np.repeat(np.arange(5), lengths)
         n = len(regions)
         polyp = np.zeros(n)
-        if v % 2 == 0:
+        if v % polyp_every == 0:
             start = int(lengths[:3].sum()) + 10
             polyp[start : start + 6] = 1
         probs.append(_table(regions, f"v{v}", {"polyp": np.where(polyp == 1, 0.9, 0.02)}, mouth_prob, seed + v))
@@ -215,3 +222,118 @@ def test_no_frames_and_invalid_frames_give_valid_empty_lists():
     invalid = frame_probs.assign(valid=False)
     nothing = {"videos": [{"video_id": "v0", "events": []}]}
     assert engine_submission(invalid, engine) == (nothing, nothing)
+
+
+# ----------------------------------------------------------------------------- new rules
+
+
+def _one_video(values, label="polyp"):
+    table = pd.DataFrame({"video_id": "v", "t": np.arange(len(values), dtype=np.int64)})
+    for name in LABELS:
+        table[name] = np.float32(0.02)
+    table[label] = np.asarray(values, np.float32)
+    return build_timeline(table, max_reach=1)
+
+
+def test_hysteresis_extends_a_run_through_a_low_stretch_but_not_below_low():
+    probs = [0.1, 0.9, 0.6, 0.6, 0.9, 0.3, 0.9, 0.1, 0.6, 0.6, 0.1]
+    timeline = _one_video(probs)
+    k = LABELS.index("polyp")
+    starts, ends = hysteresis_runs(timeline, k, 0.8, 0.5, 1)  # high 0.8, low 0.4
+    # 1-4 bridged by 0.6 >= low; 0.3 < low splits; 8-9 never reaches high: dropped.
+    assert list(zip(timeline.time[starts].tolist(), timeline.time[ends].tolist())) == [(1, 4), (6, 6)]
+    starts, ends = hysteresis_runs(timeline, k, 0.8, 1.0, 1)  # ratio 1: plain threshold
+    assert timeline.time[starts].tolist() == [1, 4, 6] and timeline.time[ends].tolist() == [1, 4, 6]
+
+
+def test_compatibility_gate_drops_a_finding_outside_its_regions():
+    gt = {"videos": [{"video_id": "a", "events": [
+        {"start": 0, "end": 9, "label": ["stomach"]},
+        {"start": 10, "end": 13, "label": ["small intestine", "polyp"]},
+        {"start": 14, "end": 99, "label": ["small intestine"]},
+        {"start": 100, "end": 100, "label": ["colon", "polyp"]}]}]}
+    assert learn_compatibility(gt, "polyp", 0.0) == [3, 4]  # every region it co-occurs with
+    assert learn_compatibility(gt, "polyp", 0.25) == [3]  # colon holds 1 of its 5 frames
+    assert learn_compatibility(gt, "ulcer", 0.0) is None  # no ground truth: no gate
+    values = np.full(40, 0.02)
+    values[[5, 6, 25, 26]] = 0.9  # a polyp-looking run in the stomach and one in the small intestine
+    timeline = _one_video(values)
+    path = np.full(len(timeline.observed), -1)
+    path[timeline.observed] = np.repeat([2, 3], 20)
+    k = LABELS.index("polyp")
+    gated = run_candidates(timeline, k, 0.5, 1, 1, 10, path=path, regions=[3])
+    assert gated.events == [[(25, 26)]]
+    assert sorted(run_candidates(timeline, k, 0.5, 1, 1, 10, path=path, regions=None).events[0]) == [(5, 6), (25, 26)]
+
+
+def test_the_emission_bar_scales_with_the_tuning_videos():
+    # Two tuning videos (a demo's validation split), polyp exactly predicted in both: AP 1 + 1.
+    frame_probs, gt = _videos(2, seed=3, polyp_every=1)
+    for per_video, kind in ((0.025, "runs"), (0.9, "runs"), (1.5, "off")):  # bar = per_video x 2 videos
+        params = _engine_params(min_gain_per_video=per_video)
+        engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+        assert engine.policies["polyp"]["kind"] == kind, per_video
+
+
+def test_learned_durations_are_quantiles_of_the_training_runs():
+    frame_probs, gt = _videos(4, seed=5)
+    timeline = tuning_timeline(frame_probs, _engine_params())
+    truth = region_truth(timeline, gt)
+    assert learn_durations(timeline, truth, 0.0, 0.0) is None
+    low, high = learn_durations(timeline, truth, 0.5, 2.0)
+    spans = [[(e["start"], e["end"]) for e in video["events"] if region in e["label"]]
+             for region in REGIONS for video in gt["videos"]]
+    lengths = np.array([max(e for _, e in s) - min(a for a, _ in s) + 1 for s in spans]).reshape(5, 4)
+    assert low == [int(np.floor(np.quantile(x, 0.5))) for x in lengths]
+    assert high == [2 * max(x) for x in lengths]
+    # The fitted engine decodes under the prior it learned (kept through thresholds.json).
+    params = _engine_params(min_duration_quantile=0.5, max_duration_factor=2.0)
+    engine = fit_engine(timeline, gt, params)
+    assert engine.durations == [low, high]
+    assert Engine.from_dict(json.loads(json.dumps(engine.to_dict()))).durations == [low, high]
+
+
+def test_select_videos_is_the_timeline_of_those_videos():
+    frame_probs, _ = _videos(3, seed=2)
+    timeline = tuning_timeline(frame_probs, _engine_params())
+    part = select_videos(timeline, [2, 0])
+    direct = tuning_timeline(pd.concat([frame_probs[frame_probs.video_id == v] for v in ("v2", "v0")]), _engine_params())
+    assert part.video_ids == direct.video_ids == ["v2", "v0"]
+    assert part.video_first.tolist() == direct.video_first.tolist()
+    assert (part.observed == direct.observed).all() and (part.time[part.observed] == direct.time[direct.observed]).all()
+    assert np.array_equal(part.probs, direct.probs, equal_nan=True)
+
+
+def test_cross_fitted_estimate_scores_each_half_with_the_other_halfs_engine():
+    frame_probs, gt = _videos(4, seed=4)
+    params = _engine_params(cross_fit=True)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    by_id = {v["video_id"]: v for v in gt["videos"]}
+    inner = _engine_params()
+    videos = []
+    for fit_on, score_on in ((["v0", "v2"], ["v1", "v3"]), (["v1", "v3"], ["v0", "v2"])):
+        part = frame_probs[frame_probs.video_id.isin(fit_on)]
+        half = fit_engine(tuning_timeline(part, inner), {"videos": [by_id[v] for v in fit_on]}, inner)
+        videos += engine_submission(frame_probs[frame_probs.video_id.isin(score_on)], half)[0]["videos"]
+    expected = score({"videos": [by_id[v["video_id"]] for v in videos]}, {"videos": videos})
+    empty = score({"videos": [by_id[v["video_id"]] for v in videos]}, {"videos": [{"video_id": v["video_id"], "events": []} for v in videos]})
+    assert engine.report["cross_fitted"] == {"map@0.5": round(expected["map@0.5"], 4),
+                                             "map@0.95": round(expected["map@0.95"], 4),
+                                             "empty": round(empty["map@0.5"], 4)}
+    assert "cross_fitted" not in fit_engine(tuning_timeline(frame_probs, inner), gt, inner).report
+
+
+def test_region_prior_weight_is_added_to_the_calibrated_intercepts():
+    from vce.post.engine import fit_calibration, region_log_prior
+
+    truth = np.repeat([0, 1, 2, 3, 4, -1], [1, 1, 2, 4, 0, 3])
+    assert region_log_prior(truth).tolist() == pytest.approx(np.log([1 / 8, 1 / 8, 2 / 8, 4 / 8, 1e-6]).tolist())
+    frame_probs, gt = _videos(4, seed=6)
+    for weights in ([0.0], [-0.4]):
+        params = _engine_params(prior_weights=weights)
+        timeline = tuning_timeline(frame_probs, params)
+        engine = fit_engine(timeline, gt, params)
+        truth = region_truth(timeline, gt)
+        _, intercept = fit_calibration(timeline, truth, params.calibration_frames)
+        assert engine.report["prior_weight"] == weights[0]
+        assert engine.intercept == pytest.approx((np.asarray(intercept) + weights[0] * region_log_prior(truth)).tolist())

@@ -20,6 +20,9 @@ colon stretch inside the small intestine, or two regions at once. Here, per vide
        D_k(t) = S_k(t) + max(0 [started in k], max_{1≤τ≤t} (M_{k−1}(τ−1) − λ − S_k(τ−1))),
    M_{k−1} = max_{j<k} D_j: one running maximum (np.maximum.accumulate) per state. The
    argmax of that running maximum gives the entry frame for the backtrack (≤ K steps).
+   A duration prior (state k lasts lo_k..hi_k frames when visited) restricts τ to
+   [t − hi_k + 1, t − lo_k + 1]: a trailing window maximum (O(T), `_trailing_max`) instead of
+   the running one, the entry found again inside its window in the backtrack.
 3. Region events are the path's runs (exactly one region per frame, no going back). The
    thresholds still decide *whether* a label fires: a decoded region run is kept only where the
    region's own thresholded runs overlap it (a threshold above 1 switches the region off, as
@@ -48,38 +51,64 @@ def region_scores(region_probs: np.ndarray) -> np.ndarray:
     return np.log(probs) - np.log(probs.sum(axis=1, keepdims=True))
 
 
-def monotone_path(scores: np.ndarray, switch_penalty: float) -> tuple[np.ndarray, float]:
+def _trailing_max(x: np.ndarray, width: int) -> np.ndarray:
+    """out[t] = max(x[max(0, t - width + 1) : t + 1]) in O(T) (van Herk / Gil-Werman blocks)."""
+    n = len(x)
+    if width >= n:
+        return np.maximum.accumulate(x)
+    blocks = -(-n // width)
+    padded = np.full(blocks * width, -np.inf)
+    padded[:n] = x
+    grid = padded.reshape(blocks, width)
+    forward = np.maximum.accumulate(grid, axis=1).ravel()  # max from the block start to t
+    backward = np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()  # max from t to the block end
+    out = forward[:n].copy()
+    t = np.arange(width - 1, n)
+    out[width - 1 :] = np.maximum(backward[t - width + 1], forward[t])
+    return out
+
+
+def monotone_path(scores: np.ndarray, switch_penalty: float, min_durations=None,
+                  max_durations=None) -> tuple[np.ndarray, float]:
     """Best non-decreasing state path through (T, K) scores, each switch costing the penalty.
 
-    Returns (path (T,) int64 states, its total score). Formula in the module docstring.
+    `min_durations` / `max_durations` (K,) frames: a state the path visits lasts at least /
+    at most that long (the duration prior; None: any length). Returns (path (T,) int64 states,
+    its total score); a video no path fits (shorter than every minimum, longer than the maxima
+    allow) is decoded without the duration prior. Formula in the module docstring.
     """
     n_frames, n_states = scores.shape
     if n_frames == 0:
         return np.zeros(0, np.int64), 0.0
-    frames = np.arange(n_frames)
+    low = np.ones(n_states, np.int64) if min_durations is None else np.maximum(np.asarray(min_durations, np.int64), 1)
+    high = np.full(n_states, n_frames, np.int64) if max_durations is None else np.asarray(max_durations, np.int64)
+    high = np.maximum(np.minimum(high, n_frames), low)
     prefix = np.cumsum(scores, axis=0)  # (T, K): S_k(t)
     best = np.empty((n_frames, n_states))  # D_k(t)
-    entry = np.zeros((n_frames, n_states), np.int64)  # frame the best path ending (t, k) entered k
+    enters = np.empty((n_frames, n_states))  # value of entering k at frame tau (for the backtrack)
     below_best = np.full(n_frames, -np.inf)  # M_{k-1}(t) = max_{j<k} D_j(t)
     for k in range(n_states):
         # Value of entering k at frame tau (tau = 0: the path starts in k, no penalty).
-        enter = np.empty(n_frames)
+        enter = enters[:, k]
         enter[0] = 0.0
         enter[1:] = below_best[:-1] - switch_penalty - prefix[:-1, k]
-        running = np.maximum.accumulate(enter)
-        improved = np.empty(n_frames, bool)
-        improved[0] = True
-        improved[1:] = enter[1:] > running[:-1]  # strict: ties keep the earlier entry
-        entry[:, k] = np.maximum.accumulate(np.where(improved, frames, 0))
-        best[:, k] = prefix[:, k] + running
+        # In k at t: entered at tau in [t - high + 1, t - low + 1].
+        reachable = np.full(n_frames, -np.inf)
+        if low[k] <= n_frames:
+            window = _trailing_max(enter, int(high[k] - low[k] + 1))
+            reachable[low[k] - 1 :] = window[: n_frames - low[k] + 1]
+        best[:, k] = prefix[:, k] + reachable
         below_best = np.maximum(below_best, best[:, k])
-    # Backtrack: at most one entry per state; before entering k at tau the path was in the
-    # best state below k at tau - 1.
+    if not np.isfinite(best[-1]).any():  # no path fits the duration prior
+        return monotone_path(scores, switch_penalty)
+    # Backtrack: at most one entry per state (the earliest best tau in its window); before
+    # entering k at tau the path was in the best state below k at tau - 1.
     path = np.empty(n_frames, np.int64)
     t, k = n_frames - 1, int(np.argmax(best[-1]))
     total = float(best[-1, k])
     while True:
-        tau = int(entry[t, k])
+        lo, hi = max(t - int(high[k]) + 1, 0), t - int(low[k]) + 1
+        tau = lo + int(np.argmax(enters[lo : hi + 1, k]))
         path[tau : t + 1] = k
         if tau == 0:
             return path, total
@@ -101,15 +130,17 @@ def _video_spans(timeline) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
-def decode_regions(timeline, scores: np.ndarray, switch_penalty: float) -> np.ndarray:
+def decode_regions(timeline, scores: np.ndarray, switch_penalty: float, min_durations=None,
+                   max_durations=None) -> np.ndarray:
     """(P,) region index (0..4) of every position inside a video's span, -1 elsewhere.
 
-    `scores`: (P, K) emission scores on the timeline (0 where unobserved).
+    `scores`: (P, K) emission scores on the timeline (0 where unobserved); durations: `monotone_path`.
     """
     path = np.full(len(timeline.observed), -1, np.int64)
     for first, last in zip(*_video_spans(timeline)):
         if first >= 0:
-            path[first : last + 1], _ = monotone_path(scores[first : last + 1], switch_penalty)
+            path[first : last + 1], _ = monotone_path(scores[first : last + 1], switch_penalty, min_durations,
+                                                      max_durations)
     return path
 
 

@@ -6,8 +6,15 @@ decomposes the same way (one label's events never change another label's AP):
 
 1. **Regions** (mouth → colon) are one monotone path per video (`vce.post.anatomy.monotone_path`)
    on *calibrated* emissions: a multinomial logistic regression from the five region logits to
-   the true region, fitted on the tuning frames, so the emission is log P(region | frame). The
-   switch penalty is picked on the tuning videos' region APs (`phase_regions`).
+   the true region, fitted on tuning frames sampled equally from each region, so the emission
+   is log P(region | frame) under a uniform prior — the HMM's scaled likelihood. (Fitted on
+   frames sampled uniformly, the regression's prior — mouth and esophagus hold ~0.03 % of the
+   frames each — was counted again at every frame: on `bench.simulate2`'s tuning half the path
+   held an esophagus in 8 of the 36 videos that have one; 26 with the equal-share fit.) A weight w on the log region prior (its share of the tuning frames) is added per
+   frame: w < 0 is a stay bonus for short regions. w and the switch penalty are picked on the
+   tuning videos' region APs (`phase_regions`). A duration prior (each region at least a
+   quantile, at most a multiple, of its training run lengths: `learn_durations`) is available
+   and off by default (it lowered both simulations).
 2. A region's submission events, in rank order: its merged run; then learned variants of it
    (`learn_variants`: spans placed relative to the run's start and end where the tuning ground
    truth's fragments sit, e.g. the run minus a landmark's frames at its end); then the run cut
@@ -16,20 +23,25 @@ decomposes the same way (one label's events never change another label's AP):
    label's first events can only add to its AP (a later false positive adds a zero term; a
    later match adds precision × recall step) — `tests/test_engine.py` holds the scorer to that.
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
-   absent) and thresholded, median-filtered runs over a small grid, ranked by mean probability,
-   at most `top_k` per video; landmarks may also be `anchored`: events at offsets and lengths
-   from the decoded boundary they mark, learned from the tuning ground truth and chosen only
-   if they win when learned on the other half of the tuning videos (`phase_labels`). A finding
-   must beat silence by `min_gain` summed AP to be emitted at all.
+   absent) and thresholded (with hysteresis: a run starts at the threshold and lasts while
+   above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, ranked by
+   mean probability, at most `top_k` per video, optionally only inside the decoded regions that
+   hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
+   `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
+   the tuning ground truth and chosen only if they win when learned on the other half of the
+   tuning videos (`phase_labels`). A finding must beat silence by `min_gain_per_video` mean AP
+   per tuning video to be emitted at all (a bar that scales with the sample: a summed bar of
+   1.0 switched every finding off on a 2-video demo).
 4. **Presence per (video, label)**: a label is emitted in a video only when the video's evidence
    (its decoded run length for a region, its strongest event's mean probability otherwise)
    reaches a gate fitted on the tuning videos to maximise the label's summed AP, knowing that
    an absent label left silent scores 1 and a present one 0 (`fit_gate`).
 
-Not here yet: duration priors on the region path, hysteresis thresholds, an anatomy → finding
-compatibility gate.
+Not here yet: presence from several video-level features (a small model per label), a
+temperature per finding (findings are re-centred per video instead: `recentre`).
 
-`fit_engine` learns everything from the tuning videos' probabilities and ground truth only;
+`fit_engine` learns everything from the tuning videos' probabilities and ground truth only
+(`cross_fit`: its report adds the mAP of each half of them under the engine fitted on the other half);
 `engine_submission` applies it to other videos and returns the metric-optimal submission and
 the clinical event list (one event per run, no appended candidates).
 """
@@ -58,18 +70,25 @@ class EngineParams(Section):
     """`thresholds.engine`: what the score engine searches (its fitted values go to thresholds.json)."""
 
     switch_penalties: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)  # region path: switch penalties tried (log-probability units)
+    prior_weights: list[float] = Field(min_length=1)  # region path: weights w tried on the log region prior added per frame (0: HMM emission; < 0: a stay bonus for short regions)
+    min_duration_quantile: float = Field(ge=0, le=1)  # region path: a region lasts at least this quantile of its training run lengths (0: no minimum)
+    max_duration_factor: float = Field(ge=0)  # region path: ... and at most this times its longest training run (0: no maximum)
     region_variants: int = Field(ge=0)  # region candidates: learned (start, end) moves appended after the run
     variant_reach: int = Field(ge=0)  # region candidates: learn from fragments within this many frames of a run end
     region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
     thresholds: list[Annotated[float, Field(ge=0, le=1)]] = Field(min_length=1)  # findings/landmarks: run thresholds tried
     median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
+    hysteresis: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)  # findings/landmarks: low/high threshold ratios tried (1: no hysteresis)
+    compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
+    compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
-    min_gain: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much summed AP
+    min_gain_per_video: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much mean AP per tuning video
     recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
     objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
-    calibration_frames: int = Field(ge=100)  # frames sampled to fit the region calibration
+    calibration_frames: int = Field(ge=100)  # frames sampled (stratified by region) to fit the region calibration
+    cross_fit: bool  # report: also fit on each half of the tuning videos and score the other half (doubles the time)
 
 
 @dataclass
@@ -83,17 +102,18 @@ class Engine:
     top_k: int
     policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|runs|anchored, knobs, "gate"}
     centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
+    durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
     report: dict = field(default_factory=dict)
 
+    KEYS = ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres", "durations")
+
     def to_dict(self) -> dict:
-        return {key: getattr(self, key) for key in
-                ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres")}
+        return {key: getattr(self, key) for key in self.KEYS}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "engine") -> Engine:
         try:
-            engine = cls(**{key: data[key] for key in
-                            ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres")})
+            engine = cls(**{key: data[key] for key in cls.KEYS})
         except (KeyError, TypeError) as err:
             raise DataError(f"{where}: not a fitted score engine ({err})") from None
         missing = [label for label in LABELS if label not in engine.policies]
@@ -136,9 +156,13 @@ def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: 
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
 
-    known = np.flatnonzero(truth >= 0)
-    if len(known) > n_frames:
-        known = np.sort(np.random.default_rng(seed).choice(known, n_frames, replace=False))
+    rng = np.random.default_rng(seed)
+    known = []
+    for state in range(len(REGIONS)):  # stratified: up to n_frames / 5 frames of each region
+        frames = np.flatnonzero(truth == state)
+        per_state = n_frames // len(REGIONS)
+        known.append(frames if len(frames) <= per_state else rng.choice(frames, per_state, replace=False))
+    known = np.sort(np.concatenate(known))
     classes = np.unique(truth[known])
     if len(classes) < 2:  # nothing to learn: renormalised probabilities (identity on the logits)
         return np.eye(len(REGIONS)).tolist(), [0.0] * len(REGIONS)
@@ -151,6 +175,12 @@ def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: 
     return coef.tolist(), intercept.tolist()
 
 
+def region_log_prior(truth: np.ndarray) -> np.ndarray:
+    """(5,) log share of the labelled tuning frames in each region (floored for a region never seen)."""
+    counts = np.bincount(truth[truth >= 0], minlength=len(REGIONS)).astype(float)
+    return np.log(np.maximum(counts / max(counts.sum(), 1.0), EMISSION_FLOOR))
+
+
 def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
     """(P, 5) calibrated log P(region | frame); 0 where unobserved (no evidence)."""
     z = _logits(timeline.probs[REGION_ROWS].T) @ np.asarray(coef).T + np.asarray(intercept)
@@ -158,6 +188,46 @@ def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
     scores = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     scores[~timeline.observed] = 0.0
     return scores
+
+
+def learn_durations(timeline: Timeline, truth: np.ndarray, quantile: float, factor: float) -> list | None:
+    """The duration prior [min (5,), max (5,)] in frames: per region, the `quantile` of its
+    ground-truth run lengths (merged runs, per video) and `factor` times the longest (0: none).
+    A region without training runs is not constrained."""
+    if quantile == 0 and factor == 0:
+        return None
+    low, high = [1] * len(REGIONS), [0] * len(REGIONS)
+    for state in range(len(REGIONS)):
+        starts, ends = _runs_of_path(truth, state)
+        if len(starts) == 0:
+            continue
+        # Runs of one video broken only by unlabelled frames count as one run.
+        video = _video_of(timeline, starts)
+        first = np.flatnonzero(np.diff(video, prepend=-1) != 0)
+        lengths = np.maximum.reduceat(ends, first) - starts[first] + 1
+        low[state] = max(int(np.floor(np.quantile(lengths, quantile))), 1) if quantile > 0 else 1
+        high[state] = int(np.ceil(factor * lengths.max())) if factor > 0 else 0
+    return [low, [h if h > 0 else int(len(truth)) + 1 for h in high]]
+
+
+def decode(timeline: Timeline, scores: np.ndarray, penalty: float, durations: list | None) -> np.ndarray:
+    """The region path (`decode_regions`) under the duration prior `durations` (None: any length)."""
+    low, high = (None, None) if durations is None else durations
+    return decode_regions(timeline, scores, float(penalty), low, high)
+
+
+def select_videos(timeline: Timeline, videos) -> Timeline:
+    """The timeline of some of its videos (indices, in that order), separators kept."""
+    cap = int(timeline.video_first[0]) if len(timeline.video_first) else 1
+    size = len(timeline.observed)
+    ends = np.append(timeline.video_first[1:] - cap, size - cap)
+    pieces = [np.arange(timeline.video_first[v] - cap, ends[v]) for v in videos] + [np.arange(size - cap, size)]
+    idx = np.concatenate(pieces)
+    lengths = np.array([len(p) for p in pieces[:-1]], np.int64)
+    observed = timeline.observed[idx]
+    return Timeline([timeline.video_ids[v] for v in videos], np.cumsum(lengths) - lengths + cap, timeline.time[idx],
+                    observed, timeline.probs[:, idx], np.concatenate([[0], np.cumsum(observed, dtype=np.int64)]),
+                    timeline.max_reach)
 
 
 def _runs_of_path(path: np.ndarray, state: int) -> tuple[np.ndarray, np.ndarray]:
@@ -211,17 +281,55 @@ class Candidates:
     evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
 
 
-def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
-                   runs: tuple | None = None) -> Candidates:
-    """Thresholded, median-filtered runs of label k, most confident first, at most `top_k` per video.
+def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
+    """Median-filtered runs of label k at the low threshold `ratio` x `threshold` that hold at
+    least one frame at or above `threshold` (hysteresis: a run starts high and lasts while it
+    stays above low; ratio 1: plain thresholded runs)."""
+    probs = timeline.probs[k]
+    with np.errstate(invalid="ignore"):
+        starts, ends = smooth_runs(timeline, probs >= threshold * ratio, median_window, median_window // 2, 1)
+        if ratio >= 1 or len(starts) == 0:
+            return starts, ends
+        high = np.concatenate([[0], np.cumsum(probs >= threshold, dtype=np.int64)])
+    seeded = high[ends + 1] - high[starts] > 0
+    return starts[seeded], ends[seeded]
 
-    `runs`: the (starts, ends) of that threshold and window when already computed (any length).
+
+def compatible(starts: np.ndarray, ends: np.ndarray, path: np.ndarray | None, regions: list | None) -> np.ndarray:
+    """(R,) bool: the run's middle frame lies in one of `regions` on the decoded `path` (None: every run)."""
+    if regions is None or path is None:
+        return np.ones(len(starts), bool)
+    return np.isin(path[(starts + ends) // 2], regions)
+
+
+def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
+    """Region indices holding more than `min_share` of `label`'s ground-truth frames (events
+    carrying both labels) in the tuning videos; None (no gate) when it has no region-labelled frame."""
+    frames = np.zeros(len(REGIONS))
+    for video in gt["videos"]:
+        for event in video["events"]:
+            if label in event["label"]:
+                for state, region in enumerate(REGIONS):
+                    if region in event["label"]:
+                        frames[state] += event["end"] - event["start"] + 1
+    if frames.sum() == 0:
+        return None
+    return [state for state in range(len(REGIONS)) if frames[state] / frames.sum() > min_share]
+
+
+def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
+                   runs: tuple | None = None, ratio: float = 1.0, path: np.ndarray | None = None,
+                   regions: list | None = None) -> Candidates:
+    """Thresholded (hysteresis `ratio`), median-filtered runs of label k, most confident first,
+    at most `top_k` per video, only those whose middle lies in `regions` of `path` (`compatible`).
+
+    `runs`: the (starts, ends) of that threshold, ratio and window when already computed (any length).
     """
     if runs is None:
-        runs = smooth_runs(timeline, timeline.probs[k] >= threshold, median_window, median_window // 2, 1)
+        runs = hysteresis_runs(timeline, k, threshold, ratio, median_window)
     starts, ends = runs
-    long_enough = ends - starts + 1 >= min_length
-    starts, ends = starts[long_enough], ends[long_enough]
+    keep = (ends - starts + 1 >= min_length) & compatible(starts, ends, path, regions)
+    starts, ends = starts[keep], ends[keep]
     confidence = _mean_probs(timeline, k, starts, ends)
     video = _video_of(timeline, starts)
     n_videos = len(timeline.video_ids)
@@ -462,49 +570,68 @@ def gated(candidates: Candidates, gate: float | None) -> Candidates:
 # ----------------------------------------------------------------------------- fitting (phases)
 
 
-def phase_regions(timeline, objective: LabelObjective, params: EngineParams, coef, intercept):
-    """Pick the switch penalty (and each region's gate) on the summed region APs of the tuning videos."""
-    scores = region_emissions(timeline, coef, intercept)
+def phase_regions(timeline, objective: LabelObjective, params: EngineParams, coef, intercept, log_prior, durations):
+    """Pick the prior weight and switch penalty (and each region's gate) on the summed region APs
+    of the tuning videos: (total, penalty, path, policies, intercept with the weighted prior, weight)."""
     best = None
-    for penalty in params.switch_penalties:
-        path = decode_regions(timeline, scores, float(penalty))
-        total, policies = 0.0, {}
-        for state, region in enumerate(REGIONS):
-            candidates = region_candidates(timeline, path, state, [], None)
-            gate, value = fit_gate(candidates.evidence, objective.per_video(region, candidates.events), objective.silent(region))
-            total += value
-            policies[region] = {"kind": "region", "gate": gate}
-        if best is None or total > best[0] + 1e-12:
-            best = (total, float(penalty), path, policies)
+    for weight in params.prior_weights:
+        weighted = (np.asarray(intercept) + weight * log_prior).tolist()
+        scores = region_emissions(timeline, coef, weighted)
+        for penalty in params.switch_penalties:
+            candidate = _regions_at(timeline, objective, scores, penalty, durations)
+            if best is None or candidate[0] > best[0] + 1e-12:
+                best = (*candidate, weighted, float(weight))
     return best
 
 
+def _regions_at(timeline, objective: LabelObjective, scores, penalty, durations):
+    """(summed region APs, penalty, path, region policies) of one decoding."""
+    path = decode(timeline, scores, penalty, durations)
+    total, policies = 0.0, {}
+    for state, region in enumerate(REGIONS):
+        candidates = region_candidates(timeline, path, state, [], None)
+        gate, value = fit_gate(candidates.evidence, objective.per_video(region, candidates.events), objective.silent(region))
+        total += value
+        policies[region] = {"kind": "region", "gate": gate}
+    return total, float(penalty), path, policies
+
+
 def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict) -> dict:
-    """Per finding / landmark: the best of off, thresholded runs (grid) and, for landmarks, anchors."""
+    """Per finding / landmark: the best of off, thresholded runs (grid) and, for landmarks, anchors.
+
+    Emitting must beat silence by `min_gain_per_video` x the number of tuning videos (a bar that
+    scales with the sample: on 2 videos a label that helps on both is kept)."""
     policies = {}
+    margin = params.min_gain_per_video * len(timeline.video_ids)
     for label in LABELS:
         if label in REGION_SET:
             continue
         k = LABEL_INDEX[label]
         silent = objective.silent(label)
-        best = (float(silent.sum()) + params.min_gain, {"kind": "off"})  # beat silence by min_gain
+        regions = learn_compatibility(gt, label, params.compatibility_min_share) \
+            if params.compatibility and label not in LANDMARKS else None
+        best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
         for threshold in params.thresholds:
-            for window in params.median_windows:
-                runs = smooth_runs(timeline, timeline.probs[k] >= threshold, window, window // 2, 1)
-                for min_length in params.min_lengths:
-                    candidates = run_candidates(timeline, k, threshold, window, min_length, params.top_k, runs)
-                    if not np.isfinite(candidates.evidence).any():
-                        continue
-                    gate, value = fit_gate(candidates.evidence, objective.per_video(label, candidates.events), silent)
-                    if value > best[0] + 1e-12:
-                        best = (value, {"kind": "runs", "threshold": float(threshold), "median_window": int(window),
-                                        "min_length": int(min_length), "gate": gate})
+            for ratio in params.hysteresis:
+                for window in params.median_windows:
+                    runs = hysteresis_runs(timeline, k, threshold, ratio, window)
+                    for min_length in params.min_lengths:
+                        candidates = run_candidates(timeline, k, threshold, window, min_length, params.top_k, runs,
+                                                    path=path, regions=regions)
+                        if not np.isfinite(candidates.evidence).any():
+                            continue
+                        gate, value = fit_gate(candidates.evidence, objective.per_video(label, candidates.events),
+                                               silent)
+                        if value > best[0] + 1e-12:
+                            best = (value, {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
+                                            "median_window": int(window), "min_length": int(min_length),
+                                            "regions": regions, "gate": gate})
         if label in LANDMARKS and params.anchor_candidates > 0:
             value = _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
             anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
             if anchors and value > best[0] + 1e-12:
                 best = (value, {"kind": "anchored", "anchors": anchors, "gate": 0.0})
-        value = best[0] - params.min_gain if best[1]["kind"] == "off" else best[0]
+        value = best[0] - margin if best[1]["kind"] == "off" else best[0]
         policies[label] = {**best[1], "tuning_ap": round(value / max(len(silent), 1), 4)}
     return policies
 
@@ -527,22 +654,30 @@ def _cross_fitted_anchors(timeline, objective: LabelObjective, path, gt: dict, l
 
 
 def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> Engine:
-    """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`)."""
+    """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`).
+
+    `cross_fit`: the report also holds `cross_fitted`, the official mAP of the videos of each
+    half (alternate videos) under the engine fitted on the other half: an estimate on videos
+    the post-processing did not tune on (the engine itself is fitted on all of them)."""
     began = time.perf_counter()
+    cross_fitted = cross_fit(timeline, gt, params, seed) if params.cross_fit else None
     centres = None
     if params.recentre and timeline.observed.any():
         centres = [None if label in REGION_SET else float(np.median(_logits(timeline.probs[k][timeline.observed])))
                    for k, label in enumerate(LABELS)]
         timeline = recentred(timeline, centres)
     objective = LabelObjective(timeline, gt, params.objective)
-    coef, intercept = fit_calibration(timeline, region_truth(timeline, gt), params.calibration_frames, seed)
-    _, penalty, path, region_policies = phase_regions(timeline, objective, params, coef, intercept)
+    truth = region_truth(timeline, gt)
+    coef, intercept = fit_calibration(timeline, truth, params.calibration_frames, seed)
+    durations = learn_durations(timeline, truth, params.min_duration_quantile, params.max_duration_factor)
+    _, penalty, path, region_policies, intercept, weight = phase_regions(timeline, objective, params, coef, intercept,
+                                                                         region_log_prior(truth), durations)
     label_policies = phase_labels(timeline, objective, params, path, gt)
     for state, region in enumerate(REGIONS):
         region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
                                                              params.variant_reach)
     engine = Engine(coef, intercept, penalty, params.region_cuts, params.top_k,
-                    {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres)
+                    {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres, durations)
     # The region gates again, now with the variants and cut pieces appended.
     candidates = _all_candidates(timeline, engine, path, gate_regions=False)
     for region in REGIONS:
@@ -551,8 +686,35 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
         policy = {"kind": "off"} if gate == float("inf") else {**engine.policies[region], "gate": gate}
         engine.policies[region] = {**policy, "tuning_ap": round(value / max(len(c.evidence), 1), 4)}
     engine.report = {"seconds": round(time.perf_counter() - began, 1), "evaluations": objective.evaluations,
-                     "switch_penalty": penalty}
+                     "switch_penalty": penalty, "prior_weight": weight, "durations": durations}
+    if cross_fitted is not None:
+        engine.report["cross_fitted"] = cross_fitted
     return engine
+
+
+def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> dict | None:
+    """Official mAP@0.5/@0.95 over the tuning videos, each half (alternate videos) scored by the
+    engine fitted on the other half, and the empty submission's mAP there (the same at both
+    thresholds); None with fewer than 2 videos."""
+    from vce.eval.score import score
+
+    n_videos = len(timeline.video_ids)
+    if n_videos < 2:
+        return None
+    halves = [np.arange(0, n_videos, 2), np.arange(1, n_videos, 2)]
+    by_id = {str(video["video_id"]): video for video in gt["videos"]}
+    inner = params.replace(cross_fit=False)
+    videos = []
+    for fit_on, score_on in (halves, halves[::-1]):
+        fit_timeline = select_videos(timeline, fit_on)
+        fit_gt = {"videos": [by_id[v] for v in fit_timeline.video_ids if v in by_id]}
+        submission, _ = engine_submission_on(select_videos(timeline, score_on), fit_engine(fit_timeline, fit_gt, inner, seed))
+        videos += submission["videos"]
+    truth = {"videos": [by_id[v["video_id"]] for v in videos if v["video_id"] in by_id]}
+    result = score(truth, {"videos": videos})
+    empty = score(truth, {"videos": [{"video_id": v["video_id"], "events": []} for v in videos]})
+    return {"map@0.5": round(result["map@0.5"], 4), "map@0.95": round(result["map@0.95"], 4),
+            "empty": round(empty["map@0.5"], 4)}
 
 
 # ----------------------------------------------------------------------------- applying
@@ -565,7 +727,8 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
         policy = engine.policies[label]
         k = LABEL_INDEX[label]
         if policy["kind"] == "runs":
-            c = run_candidates(timeline, k, policy["threshold"], policy["median_window"], policy["min_length"], engine.top_k)
+            c = run_candidates(timeline, k, policy["threshold"], policy["median_window"], policy["min_length"], engine.top_k,
+                               ratio=policy["ratio"], path=path, regions=policy["regions"])
         elif policy["kind"] == "anchored":
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
         else:
@@ -601,7 +764,8 @@ def _reach(engine: Engine) -> int:
 def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
     if engine.centres is not None:
         timeline = recentred(timeline, engine.centres)
-    path = decode_regions(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty)
+    path = decode(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty,
+                  engine.durations)
     candidates = _all_candidates(timeline, engine, path)
     submission, clinical = [], []
     for v, video_id in enumerate(timeline.video_ids):
