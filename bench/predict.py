@@ -6,9 +6,16 @@ flipped, rotated, with sensor-like noise), then prints one JSON object with:
 - decode ceilings: frames/s of decode + resize to the model size for every PNG decoder
   importable here, over all cores (DataLoader workers), no model;
 - model only: forward frames/s on random tensors (bf16 autocast on CUDA);
-- end to end: `vce.predict.predict_frames`, the code the predict stage runs, frames/s;
+  (`decode_fps`: per-frame DataLoader items, clock from the first batch, as in earlier runs;
+  `decode_chunked_fps`: the chunked loader predict itself uses, for the end-to-end decoder);
+- model only: forward frames/s on random tensors (bf16 autocast on CUDA; compiled too with --compile);
+- end to end: `vce.infer.predict.predict_frames`, the code the predict stage runs, frames/s, with
+  its per-stage profile (`profile`: seconds per stage; `stage_fps`: frames / seconds of each
+  stage, loader stages per worker-second × workers, i.e. the rate that stage alone would allow);
 - with the decoded-frame cache: the one-off cache build (a decode pass) and a later
-  predict pass reading the cache instead of PNGs.
+  predict pass reading the cache instead of PNGs, profiled the same way.
+With --out the JSON is rewritten there after each part (a run cut off by a timeout keeps what
+it measured).
 
     python -m bench.predict                       # GPU box: full ViT-B/16 (model.source=random)
     python -m bench.predict --frames 2000 --source tiny --batch 64   # 2-core CPU
@@ -32,6 +39,7 @@ import pandas as pd
 import torch
 
 from vce.core.params import load_section
+from vce.data.eval_batches import PngChunks, chunk_bounds
 from vce.data.frame_cache import CacheParams, FrameCache, build_cache
 from vce.data.frames import available_decoders, decode_frame
 from vce.infer.predict import PredictParams, predict_frames
@@ -95,8 +103,30 @@ def decode_ceiling(root, paths, size, decoder, workers, batch) -> float:
     return count / (time.perf_counter() - start)
 
 
+def chunked_ceiling(root, paths, size, decoder, workers, chunk, prefetch) -> float:
+    """The loader predict uses (chunks of `chunk` frames), no model: clock from the first chunk."""
+    chunks = PngChunks(root, paths, chunk_bounds(len(paths), len(paths), chunk), size, "bicubic", decoder)
+    loader = torch.utils.data.DataLoader(chunks, batch_size=None, num_workers=workers,
+                                         prefetch_factor=prefetch if workers else None)
+    iterator = iter(loader)
+    next(iterator)
+    start, count = time.perf_counter(), 0
+    for chunk_pixels in iterator:
+        count += len(chunk_pixels)
+    return count / (time.perf_counter() - start)
+
+
+def stage_fps(profile: dict, workers: int) -> dict:
+    """frames / seconds per stage; loader stages are CPU-seconds summed over `workers` processes."""
+    rates = {}
+    for stage, seconds in profile["stages"].items():
+        share = seconds / max(workers, 1) if stage.startswith("loader_") and workers else seconds
+        rates[stage] = round(profile["frames"] / share, 1) if share > 0 else None
+    return rates
+
+
 @torch.no_grad()
-def model_only(model, device, batch, size, bf16, seconds=10.0) -> float:
+def model_only(model, device, batch, size, bf16, seconds=5.0) -> float:
     images = torch.randn(batch, 3, size, size, device=device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
         for _ in range(3):
@@ -129,7 +159,12 @@ def main(argv=None) -> int:
     parser.add_argument("--decoders", nargs="*", default=None, help="decoders to measure (default: all importable)")
     parser.add_argument("--stills", type=Path, default=STILLS)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the video (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here, after each part")
     args = parser.parse_args(argv)
+
+    def emit(result):
+        if args.out is not None:
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = args.dir or Path(tempfile.mkdtemp(prefix="vce_bench_predict_"))
@@ -139,6 +174,7 @@ def main(argv=None) -> int:
     frames = make_video(folder, args.frames, args.unique, args.noise, args.workers, args.stills)
     result["generate_seconds"] = round(time.perf_counter() - start, 1)
     result["mean_png_kb"] = round(float(np.mean([(folder / p).stat().st_size for p in frames["path"][:200]])) / 1e3, 1)
+    emit(result)
 
     model = create_model(load_section(PARAMS, "model", ModelParams, source=args.source)).to(device).eval()
     size = model.preprocess["image_size"]
@@ -146,20 +182,32 @@ def main(argv=None) -> int:
     result["decode_fps"] = {name: round(decode_ceiling(folder, decode_paths, size, name, args.workers, args.batch), 1)
                             for name in (args.decoders or available_decoders())}
     best = max(result["decode_fps"], key=result["decode_fps"].get)
-    result["model_only_fps"] = round(model_only(model, device, args.batch, size, True), 1)
-
     decoder = args.decoder or best
     params = load_section(PARAMS, "predict", PredictParams, batch_size=args.batch, num_workers=args.workers,
                           compile=args.compile, decoder=decoder, embeddings=False, tta_flip=False)
+    result["decode_chunked_fps"] = {decoder: round(chunked_ceiling(folder, decode_paths, size, decoder, args.workers,
+                                                                   params.decode_chunk, params.prefetch_chunks), 1)}
+    result["predict_params"] = {"batch_size": params.batch_size, "decode_chunk": params.decode_chunk,
+                                "prefetch_chunks": params.prefetch_chunks, "compile": params.compile}
+    emit(result)
+    result["model_only_fps"] = round(model_only(model, device, args.batch, size, True), 1)
+    emit(result)
+
     out = folder / "probs.parquet"
     warm = frames.iloc[: args.batch * 4]
     predict_frames(model, warm, folder, out, params, device)  # workers, compile, cudnn warm-up
+    if args.compile:  # the compiled graph predict_frames just built (same module, same guards)
+        result["model_only_compiled_fps"] = round(model_only(torch.compile(model), device, args.batch, size, True), 1)
+    profile = {}
     start = time.perf_counter()
-    stats = predict_frames(model, frames, folder, out, params, device)
+    stats = predict_frames(model, frames, folder, out, params, device, profile=profile)
     seconds = time.perf_counter() - start
+    ceiling = max(result["decode_fps"][decoder], result["decode_chunked_fps"][decoder])
     result["end_to_end"] = {"decoder": decoder, "seconds": round(seconds, 2),
                             "fps": round(stats["frames"] / seconds, 1), "invalid_frames": stats["invalid_frames"],
-                            "share_of_decode_ceiling": round(stats["frames"] / seconds / result["decode_fps"][decoder], 3)}
+                            "share_of_decode_ceiling": round(stats["frames"] / seconds / ceiling, 3),
+                            "profile": profile, "stage_fps": stage_fps(profile, args.workers)}
+    emit(result)
 
     start = time.perf_counter()
     build_cache(frames.assign(root=str(folder)), folder / "cache",
@@ -168,11 +216,14 @@ def main(argv=None) -> int:
     cache_seconds = time.perf_counter() - start
     cache = FrameCache.open(folder / "cache")
     predict_frames(model, warm, folder, out, params, device, cache=cache)
+    profile = {}
     start = time.perf_counter()
-    stats = predict_frames(model, frames, folder, out, params, device, cache=cache)
+    stats = predict_frames(model, frames, folder, out, params, device, cache=cache, profile=profile)
     seconds = time.perf_counter() - start
     result["cached"] = {"build_fps": round(len(frames) / cache_seconds, 1), "seconds": round(seconds, 2),
-                        "fps": round(stats["frames"] / seconds, 1)}
+                        "fps": round(stats["frames"] / seconds, 1), "profile": profile,
+                        "stage_fps": stage_fps(profile, 1)}
+    emit(result)
     print(json.dumps(result, indent=2))
     if args.dir is None:
         shutil.rmtree(folder, ignore_errors=True)

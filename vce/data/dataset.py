@@ -95,8 +95,10 @@ def normalize_batch(images: torch.Tensor, mean, std, device) -> torch.Tensor:
     uint8, a quarter of the bytes of float32.
     """
     images = images.to(device, non_blocking=True).float().div_(255)
-    mean = torch.tensor(mean, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(std, device=device).view(1, 3, 1, 1)
+    # as_tensor: a caller may pass device tensors made once (a list is copied over each call, and
+    # a blocking host-to-device copy waits for the device)
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
     return images.sub_(mean).div_(std)
 
 
