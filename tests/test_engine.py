@@ -337,3 +337,28 @@ def test_region_prior_weight_is_added_to_the_calibrated_intercepts():
         _, intercept = fit_calibration(timeline, truth, params.calibration_frames)
         assert engine.report["prior_weight"] == weights[0]
         assert engine.intercept == pytest.approx((np.asarray(intercept) + weights[0] * region_log_prior(truth)).tolist())
+
+
+def test_shadow_cuts_append_pieces_cut_at_runs_of_labels_left_silent():
+    path_regions = np.repeat([0, 1, 2, 3, 4], [10, 10, 30, 40, 10])
+    timeline = build_timeline(_table(path_regions, "v"), max_reach=1)
+    path = np.full(len(timeline.observed), -1)
+    path[timeline.observed] = path_regions
+    c = region_candidates(timeline, path, 3, [], {0: [60, 70, 80]}, {0: [75]})
+    # The emitted labels' pieces first, then the new pieces of the cuts with the shadow time added.
+    assert c.events[0] == [(50, 89), (50, 59), (60, 69), (70, 79), (80, 89), (70, 74), (75, 79)]
+    assert region_candidates(timeline, path, 3, [], None, {0: [75]}).events[0] == [(50, 89), (50, 74), (75, 89)]
+    # End to end: polyp left silent (the bar is too high on 2 videos) still cuts the small intestine.
+    frame_probs, gt = _videos(2, seed=3, polyp_every=1)
+    polyp = [e for e in gt["videos"][0]["events"] if "polyp" in e["label"]][0]
+    for shadow in (True, False):
+        params = _engine_params(min_gain_per_video=1.5, shadow_cuts=shadow, region_variants=0)
+        engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+        assert engine.policies["polyp"]["kind"] == "off" and ("shadow" in engine.policies["polyp"]) == shadow
+        submission, _ = engine_submission(frame_probs, engine)
+        assert not any(e["label"] == ["polyp"] for v in submission["videos"] for e in v["events"])
+        intestine = [(e["start"], e["end"]) for e in submission["videos"][0]["events"] if e["label"] == ["small intestine"]]
+        run = intestine[0]
+        pieces = [(run[0], polyp["start"] - 1), (polyp["start"], polyp["end"]), (polyp["end"] + 1, run[1])]
+        expected = [run, *sorted(pieces, key=lambda p: p[0] - p[1])]  # the run, then its pieces longest first
+        assert intestine == (expected if shadow else [run])

@@ -76,6 +76,7 @@ class EngineParams(Section):
     region_variants: int = Field(ge=0)  # region candidates: learned (start, end) moves appended after the run
     variant_reach: int = Field(ge=0)  # region candidates: learn from fragments within this many frames of a run end
     region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
+    shadow_cuts: bool  # region candidates: then also cut at the best runs of labels left silent
     thresholds: list[Annotated[float, Field(ge=0, le=1)]] = Field(min_length=1)  # findings/landmarks: run thresholds tried
     median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
@@ -346,11 +347,23 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     return Candidates(events, events, evidence)
 
 
-def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None) -> Candidates:
-    """Region `state`'s decoded run per video, then the spans each of `variants` places on it
-    ((mode, a, b) in rank order, `learn_variants`), then its cut pieces. The clinical event is the run itself.
+def _pieces(start: int, end: int, times) -> list:
+    """[start, end] cut at the sorted `times` inside it, longest first (equal lengths in time order);
+    [] when nothing cuts it."""
+    inner = [c for c in times if start < c <= end]
+    edges = [start, *inner, end + 1]
+    pieces = [(a, b - 1) for a, b in zip(edges[:-1], edges[1:]) if b - 1 >= a]
+    return sorted(pieces, key=lambda p: p[0] - p[1]) if len(pieces) > 1 else []
 
-    `cuts`: per video, sorted event times where another label's event starts or ends + 1.
+
+def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None,
+                      shadow: dict | None = None) -> Candidates:
+    """Region `state`'s decoded run per video, then the spans each of `variants` places on it
+    ((mode, a, b) in rank order, `learn_variants`), then its cut pieces, then (`shadow`) its
+    pieces cut at those and at the shadow times too. The clinical event is the run itself.
+
+    `cuts`: per video, sorted event times where another label's event starts or ends + 1;
+    `shadow`: the same for runs of labels that are not emitted (`shadow_cuts`).
     """
     starts, ends = _runs_of_path(path, state)
     n_videos = len(timeline.video_ids)
@@ -366,12 +379,12 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
             if a <= b and (a, b) not in ranked:
                 ranked.append((a, b))
         if cuts is not None and v in cuts:
-            inner = [c for c in cuts[v] if start < c <= end]
-            edges = [start, *inner, end + 1]
-            pieces = [(a, b - 1) for a, b in zip(edges[:-1], edges[1:]) if b - 1 >= a]
-            if len(pieces) > 1:
-                seen = set(ranked)
-                ranked += [p for p in sorted(pieces, key=lambda p: p[0] - p[1]) if p not in seen]
+            seen = set(ranked)
+            ranked += [p for p in _pieces(start, end, cuts[v]) if p not in seen]
+        if shadow is not None and v in shadow:
+            seen = set(ranked)
+            times = sorted(set(shadow[v]) | set((cuts or {}).get(v, [])))
+            ranked += [p for p in _pieces(start, end, times) if p not in seen]
         events[v] = ranked
         clinical[v] = [(start, end)]
         evidence[v] = frames
@@ -611,6 +624,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
         regions = learn_compatibility(gt, label, params.compatibility_min_share) \
             if params.compatibility and label not in LANDMARKS else None
         best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
+        best_runs = None  # the best runs even if they lose to silence (their cuts: shadow_cuts)
         for threshold in params.thresholds:
             for ratio in params.hysteresis:
                 for window in params.median_windows:
@@ -622,10 +636,13 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                             continue
                         gate, value = fit_gate(candidates.evidence, objective.per_video(label, candidates.events),
                                                silent)
+                        runs_policy = {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
+                                       "median_window": int(window), "min_length": int(min_length),
+                                       "regions": regions, "gate": gate}
                         if value > best[0] + 1e-12:
-                            best = (value, {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
-                                            "median_window": int(window), "min_length": int(min_length),
-                                            "regions": regions, "gate": gate})
+                            best = (value, runs_policy)
+                        if best_runs is None or value > best_runs[0] + 1e-12:
+                            best_runs = (value, runs_policy)
         if label in LANDMARKS and params.anchor_candidates > 0:
             value = _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
             anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
@@ -633,6 +650,9 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                 best = (value, {"kind": "anchored", "anchors": anchors, "gate": 0.0})
         value = best[0] - margin if best[1]["kind"] == "off" else best[0]
         policies[label] = {**best[1], "tuning_ap": round(value / max(len(silent), 1), 4)}
+        if best[1]["kind"] == "off" and params.shadow_cuts and best_runs is not None:
+            policies[label]["shadow"] = {key: best_runs[1][key] for key in
+                                         ("threshold", "ratio", "median_window", "min_length", "regions")}
     return policies
 
 
@@ -742,11 +762,23 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
                 for s, e in events:
                     cuts.setdefault(v, set()).update((s, e + 1))
         cuts = {v: sorted(times) for v, times in cuts.items()}
+    shadow = None
+    if engine.region_cuts and any("shadow" in p for p in engine.policies.values()):
+        shadow = {}  # the runs of labels left silent cut the regions too, after the emitted ones
+        for label in LABELS:
+            s = engine.policies[label].get("shadow")
+            if s is not None:
+                c = run_candidates(timeline, LABEL_INDEX[label], s["threshold"], s["median_window"], s["min_length"],
+                                   engine.top_k, ratio=s["ratio"], path=path, regions=s["regions"])
+                for v, events in enumerate(c.clinical):
+                    for a, b in events:
+                        shadow.setdefault(v, set()).update((a, b + 1))
+        shadow = {v: sorted(times) for v, times in shadow.items()}
     for state, region in enumerate(REGIONS):
         policy = engine.policies[region]
         if policy["kind"] == "off":
             continue
-        c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts)
+        c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts, shadow)
         out[region] = gated(c, policy["gate"]) if gate_regions else c
     return out
 
