@@ -362,3 +362,25 @@ def test_shadow_cuts_append_pieces_cut_at_runs_of_labels_left_silent():
         pieces = [(run[0], polyp["start"] - 1), (polyp["start"], polyp["end"]), (polyp["end"] + 1, run[1])]
         expected = [run, *sorted(pieces, key=lambda p: p[0] - p[1])]  # the run, then its pieces longest first
         assert intestine == (expected if shadow else [run])
+
+
+def test_presence_gate_picks_the_video_feature_that_separates_present_from_absent():
+    # Polyp truly in v0 and v2 (6 frames at 0.9); v1 and v3 hold a 1-frame blip at 0.99: the
+    # strongest run's mean probability cannot tell them apart, its length can.
+    frame_probs, gt = _videos(4, seed=7, polyp_every=2)
+    for v in ("v1", "v3"):
+        rows = np.flatnonzero(frame_probs["video_id"].to_numpy() == v)
+        frame_probs.loc[rows[len(rows) // 2], "polyp"] = np.float32(0.99)
+    timeline = tuning_timeline(frame_probs, _engine_params())
+    c = run_candidates(timeline, LABELS.index("polyp"), 0.5, 1, 1, 10)
+    assert c.features["max"].tolist() == pytest.approx([0.9, 0.99, 0.9, 0.99])
+    assert c.features["frames"].tolist() == [6, 1, 6, 1] and c.features["count"].tolist() == [1, 1, 1, 1]
+    assert c.features["peak"].tolist() == pytest.approx([0.9, 0.99, 0.9, 0.99])
+    for features, kind in ((["max"], "off"), (["max", "frames"], "runs")):
+        params = _engine_params(presence_features=features, min_gain_per_video=0.1, min_lengths=[1], median_windows=[1])
+        engine = fit_engine(timeline, gt, params)
+        assert engine.policies["polyp"]["kind"] == kind
+    assert engine.policies["polyp"]["evidence"] == "frames"
+    submission, _ = engine_submission(frame_probs, engine)
+    emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
+    assert emitted == {"v0", "v2"}

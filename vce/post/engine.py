@@ -37,8 +37,9 @@ decomposes the same way (one label's events never change another label's AP):
    reaches a gate fitted on the tuning videos to maximise the label's summed AP, knowing that
    an absent label left silent scores 1 and a present one 0 (`fit_gate`).
 
-Not here yet: presence from several video-level features (a small model per label), a
-temperature per finding (findings are re-centred per video instead: `recentre`).
+The presence gate's evidence may be picked per label among several video-level features
+(`presence_features`, `PRESENCE_FEATURES`). Not here yet: a model over several features at
+once, a temperature per finding (findings are re-centred per video instead: `recentre`).
 
 `fit_engine` learns everything from the tuning videos' probabilities and ground truth only
 (`cross_fit`: its report adds the mAP of each half of them under the engine fitted on the other half);
@@ -66,6 +67,12 @@ from vce.post.events import Timeline, build_timeline, smooth_runs
 REGION_SET = set(REGIONS)
 
 
+# Video-level evidence a finding's presence gate may use (`run_candidates`; -inf without a run):
+# the strongest run's mean probability, the mean of the 3 strongest, the frames and the number
+# of runs, the video's highest frame probability.
+PRESENCE_FEATURES = ("max", "top3", "frames", "count", "peak")
+
+
 class EngineParams(Section):
     """`thresholds.engine`: what the score engine searches (its fitted values go to thresholds.json)."""
 
@@ -84,6 +91,7 @@ class EngineParams(Section):
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
+    presence_features: list[Literal[PRESENCE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
     min_gain_per_video: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much mean AP per tuning video
     recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
@@ -280,6 +288,8 @@ class Candidates:
     events: list  # per video: list of (start, end) in rank order (the submission)
     clinical: list  # per video: the clean list, one event per run (for people and the report)
     evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
+    features: dict = field(default_factory=dict)  # run labels: every video-level feature (`PRESENCE_FEATURES`)
+
 
 
 def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
@@ -339,12 +349,29 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     order = np.lexsort((starts, -confidence, video))
     video = video[order]
     first = np.searchsorted(video, np.arange(n_videos))
-    keep = np.arange(len(video)) - first[video] < top_k  # rank inside its video
+    rank = np.arange(len(video)) - first[video]  # rank inside its video
+    keep = rank < top_k
     kept_video, kept = video[keep], order[keep]
     bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
     spans = list(zip(timeline.time[starts[kept]].tolist(), timeline.time[ends[kept]].tolist()))
     events = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
-    return Candidates(events, events, evidence)
+    has = np.isfinite(evidence)
+    count = np.bincount(video, minlength=n_videos).astype(float)
+    top = rank < 3
+    top3 = np.bincount(video[top], confidence[order][top], minlength=n_videos) / np.maximum(np.minimum(count, 3), 1)
+    frames = np.bincount(video, (ends - starts + 1)[order].astype(float), minlength=n_videos)
+    features = {"max": evidence, "top3": np.where(has, top3, -np.inf), "frames": np.where(has, frames, -np.inf),
+                "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf)}
+    return Candidates(events, events, evidence, features)
+
+
+def _video_peaks(timeline: Timeline, k: int) -> np.ndarray:
+    """(V,) each video's highest frame probability of label k."""
+    key = ("peak", k)
+    if key not in timeline.prob_cums:
+        probs = np.nan_to_num(timeline.probs[k], nan=-np.inf)
+        timeline.prob_cums[key] = np.maximum.reduceat(probs, timeline.video_first) if len(probs) else np.zeros(0)
+    return timeline.prob_cums[key]
 
 
 def _pieces(start: int, end: int, times) -> list:
@@ -634,11 +661,12 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                                                     path=path, regions=regions)
                         if not np.isfinite(candidates.evidence).any():
                             continue
-                        gate, value = fit_gate(candidates.evidence, objective.per_video(label, candidates.events),
-                                               silent)
+                        per_video = objective.per_video(label, candidates.events)
+                        value, gate, feature = max((fit_gate(candidates.features[f], per_video, silent)[::-1] + (f,)
+                                                    for f in params.presence_features), key=lambda g: g[0])
                         runs_policy = {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
                                        "median_window": int(window), "min_length": int(min_length),
-                                       "regions": regions, "gate": gate}
+                                       "regions": regions, "evidence": feature, "gate": gate}
                         if value > best[0] + 1e-12:
                             best = (value, runs_policy)
                         if best_runs is None or value > best_runs[0] + 1e-12:
@@ -749,6 +777,7 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
         if policy["kind"] == "runs":
             c = run_candidates(timeline, k, policy["threshold"], policy["median_window"], policy["min_length"], engine.top_k,
                                ratio=policy["ratio"], path=path, regions=policy["regions"])
+            c.evidence = c.features[policy["evidence"]]
         elif policy["kind"] == "anchored":
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
         else:
