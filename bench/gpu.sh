@@ -24,11 +24,11 @@ workers=${WORKERS:+--workers $WORKERS}
 mkdir -p "$out"
 { nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1 || echo "no nvidia-smi"; nproc; } > "$out/gpu.txt"
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__)" >> "$out/gpu.txt"
-timeout ${PREDICT_S:-270} python3 -m bench.predict --stills "$stills" --source "$source" $compile --batch "$batch" $workers \
+timeout ${PREDICT_S:-240} python3 -m bench.predict --stills "$stills" --source "$source" $compile --batch "$batch" $workers \
   --frames ${FRAMES:-20000} --decode-frames ${DECODE_FRAMES:-6000} --decoders opencv pyspng \
   --out "$out/predict.json" > /dev/null 2> "$out/predict.err"
 echo "bench.predict exit $?" >> "$out/gpu.txt"
-timeout ${TRAIN_S:-150} python3 -m bench.train --stills "$stills" --source "$source" $compile --batch "$batch" $workers \
+timeout ${TRAIN_S:-200} python3 -m bench.train --stills "$stills" --source "$source" $compile --batch "$batch" $workers \
   --frames ${TRAIN_FRAMES:-8000} --steps ${TRAIN_STEPS:-25} > "$out/train_compiled.json" 2> "$out/train_compiled.err"
 echo "bench.train exit $?" >> "$out/gpu.txt"
 cat "$out/gpu.txt" "$out"/*.json

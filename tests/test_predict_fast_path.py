@@ -177,8 +177,10 @@ def test_an_error_in_the_writer_thread_is_raised_and_leaves_no_output(frames, mo
     assert not [t for t in threading.enumerate() if t.name == "predict-writer"]
 
 
-def test_an_error_in_the_main_thread_stops_the_writer(frames, model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("from_cache", [False, True])
+def test_an_error_in_the_main_thread_stops_the_writer_and_the_reader(frames, model, tmp_path, monkeypatch, from_cache):
     root, table = frames
+    cache = cache_at(table, tmp_path / "cache", 64) if from_cache else None  # 64: the reader thread
     calls = []
 
     def failing_forward(*args):
@@ -189,11 +191,12 @@ def test_an_error_in_the_main_thread_stops_the_writer(frames, model, tmp_path, m
 
     real_forward = predict._forward
     monkeypatch.setattr(predict, "_forward", failing_forward)
-    error = run_with_deadline(lambda: predict_frames(model, table, root, tmp_path / "p.parquet", params(),
-                                                     torch.device("cpu")))
+    out = tmp_path / "out"
+    error = run_with_deadline(lambda: predict_frames(model, table, root, out / "p.parquet", params(decode_chunk=1, prefetch_chunks=1),
+                                                     torch.device("cpu"), cache=cache))
     assert isinstance(error, RuntimeError) and str(error) == "out of memory"
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-    assert not [t for t in threading.enumerate() if t.name == "predict-writer"]
+    assert sorted(p.name for p in out.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name in ("predict-writer", "cache-reader")]
 
 
 class _Items(torch.utils.data.Dataset):

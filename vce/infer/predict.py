@@ -111,30 +111,34 @@ def _device_batches(chunks, batch_size: int, count: int, device, clock: StageClo
     copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     parts, valid, first = [], [], 0
     iterator = iter(chunks)
-    while True:
-        with clock.host("main_wait_loader"):
-            chunk = next(iterator, None)
-        if chunk is None:
-            return
-        for stage, seconds in chunk.seconds.items():  # CPU-seconds in the loader, summed over workers
-            clock.add(f"loader_{stage}", seconds)
-        if copy_stream is None:
-            parts.append(chunk.pixels)
-        else:
-            with torch.cuda.stream(copy_stream), clock.device("h2d"):
-                parts.append(chunk.pixels.to(device, non_blocking=True))
-        valid.append(chunk.valid)
-        if chunk.start + len(chunk) - first < min(batch_size, count - first):
-            continue
-        if copy_stream is not None:
-            compute = torch.cuda.current_stream(device)
-            compute.wait_stream(copy_stream)
-            for part in parts:
-                part.record_stream(compute)  # the allocator must not reuse it before the batch is done
-        images = parts[0] if len(parts) == 1 else torch.cat(parts)
-        yield images, np.concatenate(valid), first
-        first += len(images)
-        parts, valid = [], []
+    try:
+        while True:
+            with clock.host("main_wait_loader"):
+                chunk = next(iterator, None)
+            if chunk is None:
+                return
+            for stage, seconds in chunk.seconds.items():  # CPU-seconds in the loader, summed over workers
+                clock.add(f"loader_{stage}", seconds)
+            if copy_stream is None:
+                parts.append(chunk.pixels)
+            else:
+                with torch.cuda.stream(copy_stream), clock.device("h2d"):
+                    parts.append(chunk.pixels.to(device, non_blocking=True))
+            valid.append(chunk.valid)
+            if chunk.start + len(chunk) - first < min(batch_size, count - first):
+                continue
+            if copy_stream is not None:
+                compute = torch.cuda.current_stream(device)
+                compute.wait_stream(copy_stream)
+                for part in parts:
+                    part.record_stream(compute)  # the allocator must not reuse it before the batch is done
+            images = parts[0] if len(parts) == 1 else torch.cat(parts)
+            yield images, np.concatenate(valid), first
+            first += len(images)
+            parts, valid = [], []
+    finally:
+        if hasattr(iterator, "close"):  # the cache reader thread stops now, not at garbage collection
+            iterator.close()
 
 
 def _to_host(tensors, device):
@@ -173,8 +177,9 @@ def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: Predict
     with atomic_path(probs_out) as tmp_probs, _maybe_atomic(embeddings_out) as tmp_emb:
         sink = ParquetSink(frames, tmp_probs, tmp_emb, params.row_group_frames, model.arch_config["embed_dim"],
                             clock)
+        batches = _device_batches(chunks, params.batch_size, len(frames), device, clock)
         try:
-            for images, valid, first in _device_batches(chunks, params.batch_size, len(frames), device, clock):
+            for images, valid, first in batches:
                 if first_batch_seconds is None:
                     first_batch_seconds = time.perf_counter() - began
                 with clock.device("normalize"):
@@ -195,6 +200,7 @@ def predict_frames(model, frames: pd.DataFrame, root, probs_out, params: Predict
             sink.abort()
             raise
         finally:
+            batches.close()  # now, not when the traceback is freed: its reader stops with it
             progress.close()
         sink.close()
     if profile is not None:
