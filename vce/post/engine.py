@@ -10,16 +10,18 @@ decomposes the same way (one label's events never change another label's AP):
    is log P(region | frame) under a uniform prior — the HMM's scaled likelihood. (Fitted on
    frames sampled uniformly, the regression's prior — mouth and esophagus hold ~0.03 % of the
    frames each — was counted again at every frame: on `bench.simulate2`'s tuning half the path
-   held an esophagus in 8 of the 36 videos that have one; 26 with the equal-share fit.) A weight w on the log region prior (its share of the tuning frames) is added per
-   frame: w < 0 is a stay bonus for short regions. w and the switch penalty are picked on the
-   tuning videos' region APs (`phase_regions`). A duration prior (each region at least a
-   quantile, at most a multiple, of its training run lengths: `learn_durations`) is available
-   and off by default (it lowered both simulations).
+   held an esophagus in 8 of the 36 videos that have one; 26 with the equal-share fit.) A
+   weight w on the log region prior (its share of the tuning frames) is added per frame: w < 0
+   is a stay bonus for short regions. w and the switch penalty are picked on the tuning videos'
+   region APs (`phase_regions`). A duration prior (each region at least a quantile, at most a
+   multiple, of its training run lengths: `learn_durations`) is available and off by default
+   (it lowered both simulations).
 2. A region's submission events, in rank order: its merged run; then learned variants of it
    (`learn_variants`: spans placed relative to the run's start and end where the tuning ground
    truth's fragments sit, e.g. the run minus a landmark's frames at its end); then the run cut
    at the start and end of every other label's emitted events (the official ground truth is cut
-   wherever the set of active labels changes: `make_json`). Candidates appended after a present
+   wherever the set of active labels changes: `make_json`); then (`shadow_cuts`) cut also at
+   the best runs of the labels left silent. Candidates appended after a present
    label's first events can only add to its AP (a later false positive adds a zero term; a
    later match adds precision × recall step) — `tests/test_engine.py` holds the scorer to that.
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
