@@ -12,6 +12,8 @@ flipped, rotated, with sensor-like noise), then prints one JSON object with:
 - end to end: `vce.infer.predict.predict_frames`, the code the predict stage runs, frames/s, with
   its per-stage profile (`profile`: seconds per stage; `stage_fps`: frames / seconds of each
   stage, loader stages per worker-second × workers, i.e. the rate that stage alone would allow);
+- on CUDA, `cuda_check`: 300 frames (a full batch and a partial one) predicted on the GPU and on
+  the CPU, float32, eager: the largest probability difference;
 - with the decoded-frame cache: the one-off cache build (a decode pass) and a later
   predict pass reading the cache instead of PNGs, profiled the same way.
 With --out the JSON is rewritten there after each part (a run cut off by a timeout keeps what
@@ -24,6 +26,7 @@ it measured).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -116,6 +119,22 @@ def chunked_ceiling(root, paths, size, decoder, workers, chunk, prefetch) -> flo
     return count / (time.perf_counter() - start)
 
 
+def cuda_check(model, frames, folder, params) -> dict:
+    """The CUDA data path (side-stream copies, device-side batches, asynchronous D2H) against
+    the CPU on the same frames, float32, eager: a wrong row order or a buffer reused too early
+    would differ by far more than float32 (TF32 convolutions) rounding."""
+    plain = params.replace(compile=False, bf16=False)
+    probs = {}
+    for name, net, device in (("cuda", model, torch.device("cuda")), ("cpu", copy.deepcopy(model).cpu(), torch.device("cpu"))):
+        predict_frames(net, frames, folder, folder / f"check_{name}.parquet", plain, device)
+        probs[name] = pd.read_parquet(folder / f"check_{name}.parquet")
+    labels = [c for c in probs["cpu"].columns if c not in ("video_id", "frame", "valid")]
+    same_rows = probs["cuda"][["video_id", "frame", "valid"]].equals(probs["cpu"][["video_id", "frame", "valid"]])
+    difference = np.abs(probs["cuda"][labels].to_numpy() - probs["cpu"][labels].to_numpy())
+    return {"frames": len(frames), "same_rows": bool(same_rows), "max_abs_diff": float(np.nanmax(difference)),
+            "mean_abs_diff": float(np.nanmean(difference))}
+
+
 def stage_fps(profile: dict, workers: int) -> dict:
     """frames / seconds per stage; loader stages are CPU-seconds summed over `workers` processes."""
     rates = {}
@@ -206,6 +225,9 @@ def main(argv=None) -> int:
                             "share_of_decode_ceiling": round(stats["frames"] / seconds / ceiling, 3),
                             "profile": profile, "stage_fps": stage_fps(profile, args.workers)}
     emit(result)
+    if device.type == "cuda":
+        result["cuda_check"] = cuda_check(model, frames.iloc[:300], folder, params)
+        emit(result)
 
     start = time.perf_counter()
     build_cache(frames.assign(root=str(folder)), folder / "cache",
