@@ -211,3 +211,20 @@ def test_xlsx_bytes_repeat_for_the_same_events(tmp_path):
     time.sleep(1.1)
     write_xlsx(sub, tmp_path / "b.xlsx")
     assert (tmp_path / "a.xlsx").read_bytes() == (tmp_path / "b.xlsx").read_bytes()
+
+
+def test_median_window_wider_than_the_whole_timeline():
+    """An empty test set (or a timeline built with a smaller reach) is shorter than the window:
+    no exception, and the clipped window still takes the majority of what it sees."""
+    from vce.post.events import build_timeline, smooth_runs
+
+    empty = build_timeline(pd.DataFrame({"video_id": [], "t": [], **{label: [] for label in LABELS}}), max_reach=3)
+    starts, ends = smooth_runs(empty, np.zeros(len(empty.observed), bool), 15, 7, 1)
+    assert len(starts) == len(ends) == 0
+    probs = pd.DataFrame({"video_id": ["a"] * 5, "t": np.arange(5), **{label: [0.0] * 5 for label in LABELS}})
+    short = build_timeline(probs, max_reach=1)
+    active = short.observed.copy()
+    active[np.flatnonzero(short.observed)[0]] = False  # 4 of 5 frames active: the majority everywhere
+    starts, ends = smooth_runs(short, active, 15, 0, 1)
+    observed = np.flatnonzero(short.observed)
+    assert (starts.tolist(), ends.tolist()) == ([observed[0]], [observed[-1]])

@@ -206,10 +206,17 @@ def smooth_runs(timeline: Timeline, active: np.ndarray, median_window: int, fill
         width = 2 * half + 1
         active_count = np.zeros(size, dtype=np.int32)
         observed_count = np.zeros(size, dtype=np.int32)
-        active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
-        observed_count[half : size - half] = (
-            timeline.observed_cum[width:] - timeline.observed_cum[: size - width + 1]
-        )
+        if size >= width:
+            active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
+            observed_count[half : size - half] = (
+                timeline.observed_cum[width:] - timeline.observed_cum[: size - width + 1]
+            )
+        # The first and last `half` positions (separators on a timeline built with enough reach;
+        # everything on one shorter than the window, e.g. an empty test set): the window clipped.
+        edges = np.unique(np.r_[0:min(half, size), max(size - half, 0):size])
+        hi, lo = np.minimum(edges + half + 1, size), np.maximum(edges - half, 0)
+        active_count[edges] = active_cum[hi] - active_cum[lo]
+        observed_count[edges] = timeline.observed_cum[hi] - timeline.observed_cum[lo]
         twice = 2 * active_count
         active = timeline.observed & ((twice > observed_count) | ((twice == observed_count) & active))
     # Runs of active positions.
