@@ -108,14 +108,20 @@ def assign_groups(positives: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
     return groups[ranking[0]]
 
 
-def explicit_groups(positives: pd.DataFrame, val_videos: list) -> np.ndarray:
-    """Group of each video (V,): 1 for the ids of `split.val_videos`, checked against the index."""
-    wanted = [str(v) for v in val_videos]
-    known = positives.index.astype(str)
+def checked_ids(ids: list, known: list[str], key: str) -> list[str]:
+    """`ids` as strings, each one a video of the index, else a ParamsError naming `split.<key>`."""
+    wanted = [str(v) for v in ids]
     unknown = [v for v in wanted if v not in set(known)]
     if unknown:
         shown = list(known[:20]) + (["..."] if len(known) > 20 else [])
-        raise ParamsError(f"split.val_videos: unknown video id(s) {unknown}; the frame index has {shown}")
+        raise ParamsError(f"split.{key}: unknown video id(s) {unknown}; the frame index has {shown}")
+    return wanted
+
+
+def explicit_groups(positives: pd.DataFrame, val_videos: list) -> np.ndarray:
+    """Group of each video (V,): 1 for the ids of `split.val_videos`, checked against the index."""
+    known = positives.index.astype(str)
+    wanted = checked_ids(val_videos, list(known), "val_videos")
     if len(wanted) == len(known):
         raise ParamsError(f"split.val_videos: lists all {len(known)} videos; training needs at least one")
     return np.isin(known, wanted).astype(np.int64)
@@ -123,13 +129,9 @@ def explicit_groups(positives: pd.DataFrame, val_videos: list) -> np.ndarray:
 
 def held_out_mask(frames: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
     """(N,) bool: the frames of the videos `split.test_videos` holds out, ids checked against the index."""
-    wanted = [str(v) for v in cfg.test_videos]
     videos = frames["video_id"].astype(str)
     known = sorted(set(videos))
-    unknown = [v for v in wanted if v not in set(known)]
-    if unknown:
-        shown = known[:20] + (["..."] if len(known) > 20 else [])
-        raise ParamsError(f"split.test_videos: unknown video id(s) {unknown}; the frame index has {shown}")
+    wanted = checked_ids(cfg.test_videos, known, "test_videos")
     left, needed = len(known) - len(wanted), 2 if cfg.n_folds == 1 else cfg.n_folds
     if wanted and left < needed:
         raise ParamsError(f"split.test_videos: holds out {len(wanted)} of the {len(known)} labelled videos, "
