@@ -384,3 +384,19 @@ def test_presence_gate_picks_the_video_feature_that_separates_present_from_absen
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {"v0", "v2"}
+
+
+def test_the_timeline_reach_covers_the_shadow_runs_windows():
+    """A label left silent still decodes its shadow runs: their median window sets the reach too,
+    or the window would see the next video's frames."""
+    from vce.post.engine import _reach
+
+    frame_probs, gt = _videos(2, seed=3, polyp_every=1)
+    params = _engine_params(min_gain_per_video=1.5, shadow_cuts=True, region_variants=0)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    engine.policies["polyp"]["shadow"]["median_window"] = 31
+    assert all(p["kind"] != "runs" or p["median_window"] < 31 for p in engine.policies.values())
+    assert _reach(engine) == 15
+    together, _ = engine_submission(frame_probs, engine)
+    apart = [engine_submission(frame_probs[frame_probs.video_id == v], engine)[0]["videos"][0] for v in ("v0", "v1")]
+    assert together["videos"] == apart

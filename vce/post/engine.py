@@ -293,7 +293,6 @@ class Candidates:
     features: dict = field(default_factory=dict)  # run labels: every video-level feature (`PRESENCE_FEATURES`)
 
 
-
 def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
     """Median-filtered runs of label k at the low threshold `ratio` x `threshold` that hold at
     least one frame at or above `threshold` (hysteresis: a run starts high and lasts while it
@@ -770,41 +769,51 @@ def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0)
 # ----------------------------------------------------------------------------- applying
 
 
+def _run_specs(engine: Engine):
+    """(label, knobs) of every thresholded-run decoding the engine applies: emitted runs and the
+    shadow runs of labels left silent (`shadow_cuts`)."""
+    for label in LABELS:
+        policy = engine.policies[label]
+        if policy["kind"] == "runs":
+            yield label, policy
+        if "shadow" in policy:
+            yield label, policy["shadow"]
+
+
+def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray) -> Candidates:
+    return run_candidates(timeline, LABEL_INDEX[label], spec["threshold"], spec["median_window"], spec["min_length"],
+                          top_k, ratio=spec["ratio"], path=path, regions=spec["regions"])
+
+
+def _cut_times(candidates) -> dict:
+    """Per video, the sorted times where one of the `candidates`' clinical events starts or ends + 1."""
+    cuts: dict = {}
+    for c in candidates:
+        for v, events in enumerate(c.clinical):
+            for s, e in events:
+                cuts.setdefault(v, set()).update((s, e + 1))
+    return {v: sorted(times) for v, times in cuts.items()}
+
+
 def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_regions: bool = True) -> dict:
     """Gated candidates of every label: findings and landmarks first, regions cut at their events."""
     out = {}
     for label in LABELS:
         policy = engine.policies[label]
-        k = LABEL_INDEX[label]
         if policy["kind"] == "runs":
-            c = run_candidates(timeline, k, policy["threshold"], policy["median_window"], policy["min_length"], engine.top_k,
-                               ratio=policy["ratio"], path=path, regions=policy["regions"])
+            c = _policy_runs(timeline, label, policy, engine.top_k, path)
             c.evidence = c.features[policy["evidence"]]
         elif policy["kind"] == "anchored":
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
         else:
             continue
         out[label] = gated(c, policy["gate"])
-    cuts = None
-    if engine.region_cuts:
-        cuts = {}
-        for c in out.values():
-            for v, events in enumerate(c.clinical):
-                for s, e in events:
-                    cuts.setdefault(v, set()).update((s, e + 1))
-        cuts = {v: sorted(times) for v, times in cuts.items()}
+    cuts = _cut_times(out.values()) if engine.region_cuts else None
     shadow = None
     if engine.region_cuts and any("shadow" in p for p in engine.policies.values()):
-        shadow = {}  # the runs of labels left silent cut the regions too, after the emitted ones
-        for label in LABELS:
-            s = engine.policies[label].get("shadow")
-            if s is not None:
-                c = run_candidates(timeline, LABEL_INDEX[label], s["threshold"], s["median_window"], s["min_length"],
-                                   engine.top_k, ratio=s["ratio"], path=path, regions=s["regions"])
-                for v, events in enumerate(c.clinical):
-                    for a, b in events:
-                        shadow.setdefault(v, set()).update((a, b + 1))
-        shadow = {v: sorted(times) for v, times in shadow.items()}
+        # The runs of labels left silent cut the regions too, after the emitted ones.
+        shadow = _cut_times(_policy_runs(timeline, label, engine.policies[label]["shadow"], engine.top_k, path)
+                            for label in LABELS if "shadow" in engine.policies[label])
     for state, region in enumerate(REGIONS):
         policy = engine.policies[region]
         if policy["kind"] == "off":
@@ -821,7 +830,9 @@ def engine_submission(frame_probs: pd.DataFrame, engine: Engine, time_col: str =
 
 
 def _reach(engine: Engine) -> int:
-    return max([1] + [p["median_window"] // 2 for p in engine.policies.values() if p["kind"] == "runs"])
+    """The timeline reach the engine's median windows need (shadow runs included): no window
+    sees across two videos."""
+    return max([1] + [spec["median_window"] // 2 for _, spec in _run_specs(engine)])
 
 
 def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
