@@ -400,3 +400,22 @@ def test_the_timeline_reach_covers_the_shadow_runs_windows():
     together, _ = engine_submission(frame_probs, engine)
     apart = [engine_submission(frame_probs[frame_probs.video_id == v], engine)[0]["videos"][0] for v in ("v0", "v1")]
     assert together["videos"] == apart
+
+
+def test_region_calibration_samples_each_region_equally():
+    """Up to n_frames / 5 frames of each region: with every region that large, the shares are
+    equal and on uninformative scores the intercepts stay level (a uniform frame sample would put
+    the mouth ~2.3 log units under the small intestine, its prior counted again at every frame)."""
+    from vce.post.engine import fit_calibration
+
+    shares = [500, 500, 1000, 5000, 2000]
+    regions = np.repeat(np.arange(5), shares)
+    table = _table(regions, "v")
+    rng = np.random.default_rng(5)
+    for region in REGIONS:  # scores that say nothing about the region
+        table[region] = rng.uniform(0.2, 0.8, len(table)).astype(np.float32)
+    timeline = build_timeline(table, max_reach=1)
+    truth = np.full(len(timeline.observed), -1)
+    truth[timeline.observed] = regions
+    _, intercept = fit_calibration(timeline, truth, n_frames=2000)
+    assert np.ptp(intercept) < 1.0

@@ -6,8 +6,11 @@ decomposes the same way (one label's events never change another label's AP):
 
 1. **Regions** (mouth → colon) are one monotone path per video (`vce.post.anatomy.monotone_path`)
    on *calibrated* emissions: a multinomial logistic regression from the five region logits to
-   the true region, fitted on tuning frames sampled equally from each region, so the emission
-   is log P(region | frame) under a uniform prior — the HMM's scaled likelihood. (Fitted on
+   the true region, fitted on up to `calibration_frames` / 5 tuning frames of each region (a
+   region with fewer keeps all of its frames), so the emission is close to log P(region | frame)
+   under a uniform prior — the HMM's scaled likelihood. (Class weights that balance the rare
+   regions fully lowered `bench.simulate2` by 0.005 at @0.5 and moved `bench.simulate` by
+   under 0.001, so they are not used. Fitted on
    frames sampled uniformly, the regression's prior — mouth and esophagus hold ~0.03 % of the
    frames each — was counted again at every frame: on `bench.simulate2`'s tuning half the path
    held an esophagus in 8 of the 36 videos that have one; 26 with the equal-share fit.) A
