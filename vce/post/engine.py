@@ -43,8 +43,11 @@ decomposes the same way (one label's events never change another label's AP):
    an absent label left silent scores 1 and a present one 0 (`fit_gate`).
 
 The presence gate's evidence may be picked per label among several video-level features
-(`presence_features`, `PRESENCE_FEATURES`). Not here yet: a model over several features at
-once, a temperature per finding (findings are re-centred per video instead: `recentre`).
+(`presence_features`, `PRESENCE_FEATURES`) or be `joint`: a logistic model over all of them at
+once (`fit_presence_model`: weighted by what the decision is worth in each tuning video, its
+gate fitted on cross-fitted scores). Findings are re-centred per video (`recentre`: device
+drift) and may be read through a temperature and offset per label fitted on the tuning frames
+(`finding_calibration`, `fit_temperatures`), so one grid of run thresholds suits every label.
 
 `fit_engine` learns everything from the tuning videos' probabilities and ground truth only
 (`cross_fit`: its report adds the mAP of each half of them under the engine fitted on the other half);
@@ -76,6 +79,8 @@ REGION_SET = set(REGIONS)
 # the strongest run's mean probability, the mean of the 3 strongest, the frames and the number
 # of runs, the video's highest frame probability.
 PRESENCE_FEATURES = ("max", "top3", "frames", "count", "peak")
+# ... or `joint`: a logistic model over all of them (`fit_presence_model`).
+GATE_FEATURES = PRESENCE_FEATURES + ("joint",)
 
 
 class EngineParams(Section):
@@ -96,12 +101,13 @@ class EngineParams(Section):
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
-    presence_features: list[Literal[PRESENCE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label)
+    presence_features: list[Literal[GATE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label; joint: a logistic model over all five)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
     min_gain_per_video: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much mean AP per tuning video
     recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
+    finding_calibration: bool  # findings/landmarks: a temperature and offset per label fitted on the tuning frames, equal positive and negative shares
     objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
-    calibration_frames: int = Field(ge=100)  # frames sampled (stratified by region) to fit the region calibration
+    calibration_frames: int = Field(ge=100)  # frames sampled to fit the calibrations (the region path's: stratified by region; finding_calibration's: half positive, half negative)
     cross_fit: bool  # report: also fit on each half of the tuning videos and score the other half (doubles the time)
 
 
@@ -117,9 +123,11 @@ class Engine:
     policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|runs|anchored, knobs, "gate"}
     centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
     durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
+    temperatures: list | None = None  # per label: [slope, offset] on the logit (finding_calibration), None: as it is
     report: dict = field(default_factory=dict)
 
-    KEYS = ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres", "durations")
+    KEYS = ("coef", "intercept", "switch_penalty", "region_cuts", "top_k", "policies", "centres", "durations",
+            "temperatures")
 
     def to_dict(self) -> dict:
         return {key: getattr(self, key) for key in self.KEYS}
@@ -144,25 +152,34 @@ def _logits(probs: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def region_truth(timeline: Timeline, gt: dict) -> np.ndarray:
-    """(P,) true region index (0..4) of every position from the ground-truth events, -1 unknown."""
-    truth = np.full(len(timeline.observed), -1, np.int64)
+def label_truth(timeline: Timeline, gt: dict) -> np.ndarray:
+    """(17, P) int8 from the ground-truth events: 1 where a label is on, 0 where it is off, -1 on
+    unobserved positions and on videos without ground truth."""
+    truth = np.full((NUM_LABELS, len(timeline.observed)), -1, np.int8)
     position_of = {video_id: v for v, video_id in enumerate(timeline.video_ids)}
-    bounds = np.append(timeline.video_first, len(truth))
+    bounds = np.append(timeline.video_first, truth.shape[1])
     for video in gt["videos"]:
         v = position_of.get(str(video["video_id"]))
         if v is None:
             continue
         lo, hi = int(bounds[v]), int(bounds[v + 1])
+        truth[:, lo:hi] = 0
         times = timeline.time[lo:hi]
         for event in video["events"]:
+            a = lo + np.searchsorted(times, event["start"], side="left")
+            b = lo + np.searchsorted(times, event["end"], side="right")
             for label in event["label"]:
-                if label in REGION_SET:
-                    a = lo + np.searchsorted(times, event["start"], side="left")
-                    b = lo + np.searchsorted(times, event["end"], side="right")
-                    truth[a:b] = REGIONS.index(label)
-    truth[~timeline.observed] = -1
+                if label not in LABEL_INDEX:
+                    raise DataError(f"score engine: ground truth of video {video['video_id']} holds unknown label {label!r}")
+                truth[LABEL_INDEX[label], a:b] = 1
+    truth[:, ~timeline.observed] = -1
     return truth
+
+
+def region_truth(timeline: Timeline, gt: dict, labels: np.ndarray | None = None) -> np.ndarray:
+    """(P,) true region index (0..4) of every position, -1 unknown (`labels`: `label_truth` when made)."""
+    on = (label_truth(timeline, gt) if labels is None else labels)[REGION_ROWS] == 1
+    return np.where(on.any(axis=0), on.argmax(axis=0), -1).astype(np.int64)
 
 
 def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: int = 0) -> tuple[list, list]:
@@ -202,6 +219,54 @@ def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
     scores = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     scores[~timeline.observed] = 0.0
     return scores
+
+
+# Fewer positive (or negative) tuning frames than this: a label keeps its probabilities as they are.
+MIN_CALIBRATION_FRAMES = 20
+
+
+def fit_temperatures(timeline: Timeline, labels: np.ndarray, n_frames: int, seed: int = 0) -> list:
+    """Per finding / landmark, [a, b] of p' = sigmoid(a logit(p) + b): a logistic regression of the
+    label on its own logit over up to n_frames / 2 positive and n_frames / 2 negative tuning
+    frames (`labels`: `label_truth`). Equal shares make p' the posterior under an even prior, so
+    a run threshold means the same likelihood ratio for every label, whatever its temperature
+    and offset (a model that reads one finding overconfident and another timid gets the same
+    grid of thresholds for both). None for regions (their calibration is the region path's), for
+    a label with fewer than `MIN_CALIBRATION_FRAMES` frames on either side, and where the fitted
+    slope is not positive (the scores rank the wrong way on the tuning videos: kept as they are)."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(seed)
+    out: list = []
+    for k, label in enumerate(LABELS):
+        sides = [np.flatnonzero(labels[k] == value) for value in (0, 1)]
+        if label in REGION_SET or min(len(side) for side in sides) < MIN_CALIBRATION_FRAMES:
+            out.append(None)
+            continue
+        negatives, positives = (side if len(side) <= n_frames // 2 else rng.choice(side, n_frames // 2, replace=False)
+                                for side in sides)
+        rows = np.concatenate([negatives, positives])
+        target = np.repeat([0, 1], [len(negatives), len(positives)])
+        # Each side weighs half whatever its sample size: the even prior.
+        weights = np.where(target == 1, 0.5 / len(positives), 0.5 / len(negatives)) * len(rows)
+        with threadpool_limits(1):
+            model = LogisticRegression(C=100.0, max_iter=200).fit(_logits(timeline.probs[k, rows])[:, None], target,
+                                                                   sample_weight=weights)
+        slope, offset = float(model.coef_[0, 0]), float(model.intercept_[0])
+        out.append([slope, offset] if slope > 0 else None)
+    return out
+
+
+def calibrated(timeline: Timeline, temperatures: list) -> Timeline:
+    """A copy of `timeline` with each label that has a temperature read through it (`fit_temperatures`)."""
+    probs = timeline.probs.copy()
+    for k, fitted in enumerate(temperatures):
+        if fitted is not None:
+            z = fitted[0] * _logits(probs[k]) + fitted[1]
+            probs[k] = np.where(timeline.observed, 1 / (1 + np.exp(-z)), np.nan)
+    return Timeline(timeline.video_ids, timeline.video_first, timeline.time, timeline.observed, probs,
+                    timeline.observed_cum, timeline.max_reach)
 
 
 def learn_durations(timeline: Timeline, truth: np.ndarray, quantile: float, factor: float) -> list | None:
@@ -604,6 +669,69 @@ def fit_gate(evidence: np.ndarray, emitted: np.ndarray, silent: np.ndarray) -> t
     return (float((ranked[i] + below) / 2) if below is not None else None), base + float(gain[i])
 
 
+def presence_inputs(features: dict) -> np.ndarray:
+    """(V, 5) the video-level features (`PRESENCE_FEATURES`, in that order) as the presence model
+    reads them: logits of the three probabilities, log(1 + x) of frames and runs; NaN rows for
+    videos without a run."""
+    has = np.isfinite(features["max"])
+    out = np.full((len(has), len(PRESENCE_FEATURES)), np.nan)
+    for j, name in enumerate(PRESENCE_FEATURES):
+        x = features[name][has]
+        out[has, j] = np.log1p(x) if name in ("frames", "count") else _logits(x)
+    return out
+
+
+def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
+    with threadpool_limits(1):
+        model = LogisticRegression(max_iter=200).fit((x - mean) / scale, gain > 0, sample_weight=np.abs(gain))
+    return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
+            "intercept": float(model.intercept_[0])}
+
+
+def presence_score(inputs: np.ndarray, model: dict) -> np.ndarray:
+    """(V,) the presence model's log-odds that emitting pays; -inf for videos without a run."""
+    z = ((inputs - np.asarray(model["mean"])) / np.asarray(model["scale"])) @ np.asarray(model["coef"]) + model["intercept"]
+    return np.where(np.isnan(z), -np.inf, z)
+
+
+def fit_presence_model(inputs: np.ndarray, gain: np.ndarray, folds: int = 5) -> tuple[np.ndarray, dict] | None:
+    """The `joint` presence evidence: a logistic regression of "emitting beats silence here"
+    (gain_v > 0, gain = the label's AP emitted minus silent) on the video-level `inputs`
+    (`presence_inputs`), each video weighted by |gain_v|, so the videos where the decision
+    matters most count most.
+
+    Returns (each video's cross-fitted score — the videos of each of `folds` folds scored by the
+    model fitted on the others; the model on all of them where a fold's complement lacks one
+    side — and the model fitted on every video), or None with fewer than 2 videos on either
+    side. The gate is fitted on the cross-fitted scores: fitted on its own videos, a 5-feature
+    model would flatter itself against the one-feature gates it competes with."""
+    has = ~np.isnan(inputs).any(axis=1)
+    if min(((gain > 0) & has).sum(), ((gain < 0) & has).sum()) < 2:
+        return None
+    fit = has & (gain != 0)  # a video where the decision changes nothing has no say (nor in the scaling)
+    model = _fit_weighted_logistic(inputs[fit], gain[fit])
+    scores = presence_score(inputs, model)
+    rows = np.flatnonzero(has)
+    fold = np.full(len(gain), -1)
+    fold[rows] = np.arange(len(rows)) % folds
+    for f in range(min(folds, len(rows))):
+        train = fit & (fold != f)
+        if min((gain[train] > 0).sum(), (gain[train] < 0).sum()) >= 1:
+            scores[fold == f] = presence_score(inputs[fold == f], _fit_weighted_logistic(inputs[train], gain[train]))
+    return scores, model
+
+
+def gate_evidence(features: dict, policy: dict) -> np.ndarray:
+    """(V,) the evidence a thresholded-run policy's gate reads: one feature, or the presence model's score."""
+    if policy["evidence"] == "joint":
+        return presence_score(presence_inputs(features), policy["presence_model"])
+    return features[policy["evidence"]]
+
+
 def gated(candidates: Candidates, gate: float | None) -> Candidates:
     """Only the videos whose evidence passes the gate (None: every video with evidence)."""
     keep = np.isfinite(candidates.evidence) & (True if gate is None else candidates.evidence >= gate)
@@ -666,11 +794,12 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                         if not np.isfinite(candidates.evidence).any():
                             continue
                         per_video = objective.per_video(label, candidates.events)
-                        value, gate, feature = max((fit_gate(candidates.features[f], per_video, silent)[::-1] + (f,)
-                                                    for f in params.presence_features), key=lambda g: g[0])
+                        value, gate, extra = _best_gate(candidates.features, per_video, silent, params.presence_features)
+                        if extra is None:
+                            continue
                         runs_policy = {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
                                        "median_window": int(window), "min_length": int(min_length),
-                                       "regions": regions, "evidence": feature, "gate": gate}
+                                       "regions": regions, "gate": gate, **extra}
                         if value > best[0] + 1e-12:
                             best = (value, runs_policy)
                         if best_runs is None or value > best_runs[0] + 1e-12:
@@ -686,6 +815,26 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
             policies[label]["shadow"] = {key: best_runs[1][key] for key in
                                          ("threshold", "ratio", "median_window", "min_length", "regions")}
     return policies
+
+
+def _best_gate(features: dict, per_video: np.ndarray, silent: np.ndarray, names) -> tuple:
+    """(summed AP, gate, {"evidence": name[, "presence_model": ...]}) of the best of the gate
+    features `names` for one decoding; (None, None, None) when none applies (`joint` alone, too
+    few videos on a side)."""
+    best = (None, None, None)
+    for name in names:
+        if name == "joint":
+            fitted = fit_presence_model(presence_inputs(features), per_video - silent)
+            if fitted is None:
+                continue
+            gate, value = fit_gate(fitted[0], per_video, silent)
+            extra = {"evidence": name, "presence_model": fitted[1]}
+        else:
+            gate, value = fit_gate(features[name], per_video, silent)
+            extra = {"evidence": name}
+        if best[0] is None or value > best[0] + 1e-12:
+            best = (value, gate, extra)
+    return best
 
 
 def _cross_fitted_anchors(timeline, objective: LabelObjective, path, gt: dict, label: str, n: int) -> float:
@@ -718,8 +867,13 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
         centres = [None if label in REGION_SET else float(np.median(_logits(timeline.probs[k][timeline.observed])))
                    for k, label in enumerate(LABELS)]
         timeline = recentred(timeline, centres)
+    labels = label_truth(timeline, gt)
+    temperatures = None
+    if params.finding_calibration:
+        temperatures = fit_temperatures(timeline, labels, params.calibration_frames, seed)
+        timeline = calibrated(timeline, temperatures)
     objective = LabelObjective(timeline, gt, params.objective)
-    truth = region_truth(timeline, gt)
+    truth = region_truth(timeline, gt, labels)
     coef, intercept = fit_calibration(timeline, truth, params.calibration_frames, seed)
     durations = learn_durations(timeline, truth, params.min_duration_quantile, params.max_duration_factor)
     _, penalty, path, region_policies, intercept, weight = phase_regions(timeline, objective, params, coef, intercept,
@@ -729,7 +883,8 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
         region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
                                                              params.variant_reach)
     engine = Engine(coef, intercept, penalty, params.region_cuts, params.top_k,
-                    {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres, durations)
+                    {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres, durations,
+                    temperatures)
     # The region gates again, now with the variants and cut pieces appended.
     candidates = _all_candidates(timeline, engine, path, gate_regions=False)
     for region in REGIONS:
@@ -805,7 +960,7 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
         policy = engine.policies[label]
         if policy["kind"] == "runs":
             c = _policy_runs(timeline, label, policy, engine.top_k, path)
-            c.evidence = c.features[policy["evidence"]]
+            c.evidence = gate_evidence(c.features, policy)
         elif policy["kind"] == "anchored":
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
         else:
@@ -841,6 +996,8 @@ def _reach(engine: Engine) -> int:
 def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
     if engine.centres is not None:
         timeline = recentred(timeline, engine.centres)
+    if engine.temperatures is not None:
+        timeline = calibrated(timeline, engine.temperatures)
     path = decode(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty,
                   engine.durations)
     candidates = _all_candidates(timeline, engine, path)

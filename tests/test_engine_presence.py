@@ -1,0 +1,205 @@
+"""The score engine's per-finding calibration (`finding_calibration`) and joint presence model (`joint`)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_engine import _engine_params, _labels, _table, _videos
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS
+from vce.post.engine import (
+    MIN_CALIBRATION_FRAMES,
+    Engine,
+    _fit_weighted_logistic,
+    calibrated,
+    engine_submission,
+    fit_engine,
+    fit_presence_model,
+    fit_temperatures,
+    label_truth,
+    presence_inputs,
+    presence_score,
+    run_candidates,
+    tuning_timeline,
+)
+from vce.post.events import build_timeline, labels_to_submission
+
+POLYP = LABELS.index("polyp")
+
+
+def _one_video(polyp_probs, polyp_truth):
+    """One small-intestine video with the given polyp probabilities and truth."""
+    regions = np.full(len(polyp_probs), 3)
+    table = _table(regions, "v", {"polyp": polyp_probs})
+    gt = labels_to_submission(_labels(regions, "v", {"polyp": polyp_truth}))
+    timeline = build_timeline(table, max_reach=1)
+    return timeline, label_truth(timeline, gt)
+
+
+# ----------------------------------------------------------------------------- finding calibration
+
+
+def test_finding_temperature_is_the_posterior_under_an_even_prior():
+    """Binormal scores z (negatives N(0, 1), positives N(d, 1)) read by a model with temperature
+    T and offset c (p = sigmoid(T z + c)): under an even prior logit P(pos | z) = d z - d^2 / 2,
+    so on the model's logit r the fit must be a = d / T, b = -d c / T - d^2 / 2, whatever the
+    share of positives (here 1 in 21: an unweighted fit would sit log(1/20) = -3 lower)."""
+    rng = np.random.default_rng(0)
+    d, T, c = 2.0, 0.5, -1.0
+    truth = np.repeat([0, 1], [60000, 3000])
+    z = rng.standard_normal(len(truth)) + d * truth
+    timeline, labels = _one_video(1 / (1 + np.exp(-(T * z + c))), truth)
+    fitted = fit_temperatures(timeline, labels, n_frames=200000)[POLYP]
+    assert fitted == pytest.approx([d / T, -d * c / T - d**2 / 2], abs=0.12)
+
+
+def test_finding_temperature_is_kept_off_where_it_cannot_be_fitted():
+    rng = np.random.default_rng(1)
+    n = 2000
+    few = np.zeros(n, int)
+    few[:MIN_CALIBRATION_FRAMES - 1] = 1
+    timeline, labels = _one_video(np.where(few == 1, 0.9, 0.1), few)
+    temperatures = fit_temperatures(timeline, labels, n_frames=50000)
+    assert temperatures[POLYP] is None  # too few positives
+    assert all(temperatures[LABELS.index(region)] is None for region in ("mouth", "small intestine"))
+    enough = np.zeros(n, int)
+    enough[:MIN_CALIBRATION_FRAMES] = 1
+    timeline, labels = _one_video(np.where(enough == 1, 0.9, 0.1), enough)
+    assert fit_temperatures(timeline, labels, n_frames=50000)[POLYP] is not None
+    inverted = (rng.random(n) < 0.2).astype(int)  # the scores rank positives below negatives
+    timeline, labels = _one_video(np.where(inverted == 1, 0.2, 0.6) + rng.random(n) * 0.1, inverted)
+    assert fit_temperatures(timeline, labels, n_frames=50000)[POLYP] is None
+
+
+def test_calibrated_reads_each_label_through_its_temperature_only():
+    rng = np.random.default_rng(2)
+    timeline, _ = _one_video(rng.uniform(0.05, 0.95, 300), np.zeros(300, int))
+    temperatures = [None] * len(LABELS)
+    temperatures[POLYP] = [2.0, -1.0]
+    out = calibrated(timeline, temperatures)
+    p = timeline.probs[POLYP][timeline.observed]
+    expected = 1 / (1 + np.exp(-(2.0 * np.log(p / (1 - p)) - 1.0)))
+    assert out.probs[POLYP][timeline.observed] == pytest.approx(expected, rel=1e-6)
+    others = [k for k in range(len(LABELS)) if k != POLYP]
+    np.testing.assert_array_equal(out.probs[others], timeline.probs[others])
+
+
+def test_a_timid_finding_is_emitted_once_calibrated_and_the_engine_keeps_it_in_json():
+    """Polyp frames read 0.2 (others 0.02): below every run threshold tried, so uncalibrated the
+    engine leaves it silent; its temperature makes the threshold grid reach it."""
+    frame_probs, gt = _videos(8, seed=4, polyp_every=2)
+    frame_probs["polyp"] = np.where(frame_probs["polyp"] > 0.5, 0.2, 0.02).astype(np.float32)
+    plain = _engine_params(min_gain_per_video=0.1, finding_calibration=False)
+    engine = fit_engine(tuning_timeline(frame_probs, plain), gt, plain)
+    assert engine.policies["polyp"]["kind"] == "off" and engine.temperatures is None
+    params = _engine_params(min_gain_per_video=0.1, finding_calibration=True)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    assert engine.policies["polyp"]["kind"] == "runs" and engine.temperatures[POLYP][0] > 0
+    submission, _ = engine_submission(frame_probs, engine)
+    emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
+    assert emitted == {f"v{v}" for v in range(0, 8, 2)}
+    saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
+    assert engine_submission(frame_probs, saved)[0] == submission
+
+
+# ----------------------------------------------------------------------------- the joint presence model
+
+
+def test_presence_inputs_are_logits_and_log_counts_nan_without_a_run():
+    features = {"max": np.array([0.9, -np.inf]), "top3": np.array([0.8, -np.inf]), "frames": np.array([6.0, -np.inf]),
+                "count": np.array([2.0, -np.inf]), "peak": np.array([0.95, -np.inf])}
+    x = presence_inputs(features)
+    logit = lambda p: np.log(p / (1 - p))  # noqa: E731
+    assert x[0] == pytest.approx([logit(0.9), logit(0.8), np.log(7), np.log(3), logit(0.95)])
+    assert np.isnan(x[1]).all()
+    model = {"mean": [0.0] * 5, "scale": [1.0] * 5, "coef": [1.0, 0, 0, 0, 0], "intercept": 0.5}
+    assert presence_score(x, model).tolist() == pytest.approx([logit(0.9) + 0.5, -np.inf])
+
+
+def _presence_problem(n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 5))
+    gain = np.where(x[:, 0] + 0.5 * x[:, 2] + 0.3 * rng.standard_normal(n) > 0, rng.uniform(0.2, 1.0, n), -1.0)
+    return x, gain
+
+
+def test_presence_scores_are_cross_fitted_and_the_model_is_fitted_on_every_video():
+    x, gain = _presence_problem()
+    scores, model = fit_presence_model(x, gain, folds=5)
+    assert model == _fit_weighted_logistic(x, gain)
+    fold = np.arange(len(x)) % 5
+    for f in range(5):
+        held = fold == f
+        expected = presence_score(x[held], _fit_weighted_logistic(x[~held], gain[~held]))
+        assert scores[held] == pytest.approx(expected)
+    assert not np.allclose(scores, presence_score(x, model))  # not the in-sample scores
+
+
+def test_presence_model_weighs_videos_by_what_the_decision_is_worth():
+    x, gain = _presence_problem(seed=1)
+    _, model = fit_presence_model(x, gain)
+    # A video where emitting changes nothing (gain 0) has no say, however odd its features.
+    _, same = fit_presence_model(np.vstack([x, [[50.0, -50, 50, 0, 0]]]), np.append(gain, 0.0))
+    assert same == model
+    # The weights are the gains: absent videos that cost three times as much move the model.
+    _, costlier = fit_presence_model(x, np.where(gain < 0, 3 * gain, gain))
+    assert costlier["intercept"] < model["intercept"] - 0.3
+    # A video without a run (NaN row) is left out of the fit and scores -inf.
+    scores, with_nan = fit_presence_model(np.vstack([x, [[np.nan] * 5]]), np.append(gain, 1.0))
+    assert with_nan == model and scores[-1] == -np.inf
+    assert fit_presence_model(x[:3], np.array([1.0, -1.0, -1.0])) is None  # 1 video on a side: nothing to learn
+
+
+def test_joint_presence_separates_what_no_single_feature_can():
+    """Polyp truly in every third video (6 frames at 0.9). The absent videos hold either 6 frames
+    at 0.99 (as long as a true one, stronger) or 1 frame at 0.9 (as strong, shorter): no single
+    feature's gate admits the present videos only, a model over strength and length does."""
+    frame_probs, gt = _videos(15, seed=5, polyp_every=3)
+    for v in range(15):
+        rows = np.flatnonzero(frame_probs["video_id"].to_numpy() == f"v{v}")
+        middle = rows[len(rows) // 2]
+        if v % 3 == 1:
+            frame_probs.loc[middle:middle + 5, "polyp"] = np.float32(0.99)
+        elif v % 3 == 2:
+            frame_probs.loc[middle, "polyp"] = np.float32(0.9)
+    timeline = tuning_timeline(frame_probs, _engine_params())
+    c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10)
+    assert set(np.round(c.features["max"], 2)) == {0.9, 0.99} and set(c.features["frames"]) == {1, 6}
+    knobs = {"min_gain_per_video": 0.1, "min_lengths": [1], "median_windows": [1], "thresholds": [0.5]}
+    single = _engine_params(presence_features=["max", "top3", "frames", "count", "peak"], **knobs)
+    assert fit_engine(timeline, gt, single).policies["polyp"]["kind"] == "off"
+    params = _engine_params(presence_features=["max", "frames", "joint"], **knobs)
+    engine = fit_engine(timeline, gt, params)
+    assert engine.policies["polyp"]["evidence"] == "joint"
+    submission, _ = engine_submission(frame_probs, engine)
+    emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
+    assert emitted == {f"v{v}" for v in range(0, 15, 3)}
+    saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
+    assert engine_submission(frame_probs, saved)[0] == submission
+
+
+def test_joint_alone_without_enough_videos_leaves_the_label_silent():
+    frame_probs, gt = _videos(2, seed=6, polyp_every=2)  # 1 present, 1 absent video: no model
+    params = _engine_params(presence_features=["joint"], min_gain_per_video=0.0)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    assert engine.policies["polyp"]["kind"] == "off"
+    assert isinstance(pd.DataFrame(engine_submission(frame_probs, engine)[0]["videos"]), pd.DataFrame)
+
+
+def test_label_truth_marks_on_off_and_unknown_and_refuses_unknown_labels():
+    table = pd.concat([_table(np.full(10, 3), "a"), _table(np.full(5, 3), "b")], ignore_index=True)
+    timeline = build_timeline(table, max_reach=1)
+    gt = {"videos": [{"video_id": "a", "events": [{"start": 0, "end": 9, "label": ["small intestine"]},
+                                                  {"start": 2, "end": 4, "label": ["polyp", "small intestine"]}]}]}
+    truth = label_truth(timeline, gt)
+    a = timeline.observed & (np.arange(len(timeline.observed)) < timeline.video_first[1])
+    b = timeline.observed & ~a
+    assert truth[POLYP, a].tolist() == [0, 0, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert (truth[LABELS.index("small intestine"), a] == 1).all()
+    assert (truth[:, b] == -1).all()  # video b has no ground truth: neither on nor off
+    assert (truth[:, ~timeline.observed] == -1).all()
+    gt["videos"][0]["events"].append({"start": 5, "end": 6, "label": ["tumour"]})
+    with pytest.raises(DataError, match="video a holds unknown label 'tumour'"):
+        label_truth(timeline, gt)
