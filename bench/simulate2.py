@@ -21,6 +21,12 @@ The boundary noise is information the probabilities do not hold: `oracle_region_
 region scores would emit) is the ceiling of one event per region here, next to
 `oracle_region_runs` (the true runs).
 
+What would lift the regions above that: `oracle_..._cut_at_true_*` are those runs followed by
+their pieces cut at the *exact* ground-truth events of some findings (the engine's
+`region_cuts` with a perfect finding decoder): the ground truth is fragmented wherever a
+finding starts or ends, and only a decoder that places those events exactly earns the pieces
+(`..._jitter1`: the same with each of those events' ends moved by N(0, 1) frames, rounded).
+
 The noise is AR(1) with correlation `--rho` (0.8 by default; `bench.simulate` uses 0.9), the
 per-label separations come from the seed's AUCs as there.
 
@@ -82,6 +88,33 @@ def as_scored_runs(video_id: str, times: np.ndarray, soft: np.ndarray) -> dict:
     return {"video_id": video_id, "events": events}
 
 
+def cut_at_true_events(gt: dict, runs: dict, labels: set) -> dict:
+    """Each region run of `runs`, then its pieces cut wherever an event of `labels` starts or
+    ends + 1 in the ground truth `gt` (longest first, as the engine ranks its cut pieces)."""
+    by_id = {video["video_id"]: video["events"] for video in runs["videos"]}
+    videos = []
+    for video in gt["videos"]:
+        cuts = sorted({t for e in video["events"] if set(e["label"]) & labels for t in (e["start"], e["end"] + 1)})
+        events = []
+        for run in by_id.get(video["video_id"], []):
+            a, b = run["start"], run["end"]
+            edges = [a, *[c for c in cuts if a < c <= b], b + 1]
+            pieces = sorted(((s, t - 1) for s, t in zip(edges[:-1], edges[1:])), key=lambda p: (p[0] - p[1], p[0]))
+            events += [run] + ([{"start": s, "end": e, "label": run["label"]} for s, e in pieces] if len(pieces) > 1 else [])
+        videos.append({"video_id": video["video_id"], "events": events})
+    return {"videos": videos}
+
+
+def jittered(gt: dict, labels: set, sd: float, rng) -> dict:
+    """`gt` with the start and end of every event holding one of `labels` moved by N(0, sd) frames (rounded)."""
+    def move(event):
+        if not set(event["label"]) & labels:
+            return event
+        start, end = (int(event[key] + np.rint(rng.normal(0, sd))) for key in ("start", "end"))
+        return {**event, "start": start, "end": max(end, start)}
+    return {"videos": [{**video, "events": [move(e) for e in video["events"]]} for video in gt["videos"]]}
+
+
 def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> tuple[pd.DataFrame, dict]:
     """Frame probabilities under the error model of the module docstring, and the region runs
     as the region scores place them (`as_scored_runs`, a ceiling for any decoder)."""
@@ -132,8 +165,15 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     gt, frame_labels, rng, event_params, threshold_params = setup(args)
     frame_probs, as_scored = simulate_probs2(frame_labels, rng, args)
+    ceilings = {"oracle_region_runs_as_scored": as_scored,
+                "oracle_region_runs_as_scored_cut_at_true_angiectasia_blood":
+                    cut_at_true_events(gt, as_scored, {"angiectasia", "blood"}),
+                "oracle_region_runs_as_scored_cut_at_true_angiectasia_blood_jitter1": cut_at_true_events(
+                    jittered(gt, {"angiectasia", "blood"}, 1.0, np.random.default_rng(args.seed + 1)), as_scored,
+                    {"angiectasia", "blood"}),
+                "oracle_region_runs_as_scored_cut_at_true_findings": cut_at_true_events(gt, as_scored, set(PATHOLOGY))}
     results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, not args.with_classic,
-                           ceilings={"oracle_region_runs_as_scored": as_scored})
+                           ceilings=ceilings)
     model = {key: getattr(args, key) for key in ("seed", "rho", "boundary_sd", "ramp", "devices", "device_sd", "drift_sd", "bursts")}
     print(json.dumps({"model": {**model, "videos": args.videos or len(gt["videos"])}, **results,
                       "seconds": round(time.perf_counter() - began, 1)}, indent=2))
