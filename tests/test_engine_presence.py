@@ -109,18 +109,18 @@ def test_a_timid_finding_is_emitted_once_calibrated_and_the_engine_keeps_it_in_j
 
 def test_presence_inputs_are_logits_and_log_counts_nan_without_a_run():
     features = {"max": np.array([0.9, -np.inf]), "top3": np.array([0.8, -np.inf]), "frames": np.array([6.0, -np.inf]),
-                "count": np.array([2.0, -np.inf]), "peak": np.array([0.95, -np.inf])}
+                "count": np.array([2.0, -np.inf]), "peak": np.array([0.95, -np.inf]), "region": np.array([0.7, -np.inf])}
     x = presence_inputs(features)
     logit = lambda p: np.log(p / (1 - p))  # noqa: E731
-    assert x[0] == pytest.approx([logit(0.9), logit(0.8), np.log(7), np.log(3), logit(0.95)])
+    assert x[0] == pytest.approx([logit(0.9), logit(0.8), np.log(7), np.log(3), logit(0.95), 0.7])
     assert np.isnan(x[1]).all()
-    model = {"mean": [0.0] * 5, "scale": [1.0] * 5, "coef": [1.0, 0, 0, 0, 0], "intercept": 0.5}
+    model = {"mean": [0.0] * 6, "scale": [1.0] * 6, "coef": [1.0, 0, 0, 0, 0, 0], "intercept": 0.5}
     assert presence_score(x, model).tolist() == pytest.approx([logit(0.9) + 0.5, -np.inf])
 
 
 def _presence_problem(n=20, seed=0):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 5))
+    x = rng.standard_normal((n, 6))
     gain = np.where(x[:, 0] + 0.5 * x[:, 2] + 0.3 * rng.standard_normal(n) > 0, rng.uniform(0.2, 1.0, n), -1.0)
     return x, gain
 
@@ -141,13 +141,13 @@ def test_presence_model_weighs_videos_by_what_the_decision_is_worth():
     x, gain = _presence_problem(seed=1)
     _, model = fit_presence_model(x, gain)
     # A video where emitting changes nothing (gain 0) has no say, however odd its features.
-    _, same = fit_presence_model(np.vstack([x, [[50.0, -50, 50, 0, 0]]]), np.append(gain, 0.0))
+    _, same = fit_presence_model(np.vstack([x, [[50.0, -50, 50, 0, 0, 0]]]), np.append(gain, 0.0))
     assert same == model
     # The weights are the gains: absent videos that cost three times as much move the model.
     _, costlier = fit_presence_model(x, np.where(gain < 0, 3 * gain, gain))
     assert costlier["intercept"] < model["intercept"] - 0.3
     # A video without a run (NaN row) is left out of the fit and scores -inf.
-    scores, with_nan = fit_presence_model(np.vstack([x, [[np.nan] * 5]]), np.append(gain, 1.0))
+    scores, with_nan = fit_presence_model(np.vstack([x, [[np.nan] * 6]]), np.append(gain, 1.0))
     assert with_nan == model and scores[-1] == -np.inf
     assert fit_presence_model(x[:3], np.array([1.0, -1.0, -1.0])) is None  # 1 video on a side: nothing to learn
 
@@ -168,7 +168,7 @@ def test_joint_presence_separates_what_no_single_feature_can():
     c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10)
     assert set(np.round(c.features["max"], 2)) == {0.9, 0.99} and set(c.features["frames"]) == {1, 6}
     knobs = {"min_gain_per_video": 0.1, "min_lengths": [1], "median_windows": [1], "thresholds": [0.5]}
-    single = _engine_params(presence_features=["max", "top3", "frames", "count", "peak"], **knobs)
+    single = _engine_params(presence_features=["max", "top3", "frames", "count", "peak", "region"], **knobs)
     assert fit_engine(timeline, gt, single).policies["polyp"]["kind"] == "off"
     params = _engine_params(presence_features=["max", "frames", "joint"], **knobs)
     engine = fit_engine(timeline, gt, params)
@@ -203,3 +203,36 @@ def test_label_truth_marks_on_off_and_unknown_and_refuses_unknown_labels():
     gt["videos"][0]["events"].append({"start": 5, "end": 6, "label": ["tumour"]})
     with pytest.raises(DataError, match="video a holds unknown label 'tumour'"):
         label_truth(timeline, gt)
+
+
+def test_region_feature_is_the_run_frames_mean_share_of_their_decoded_region():
+    """Two polyp runs in one video: 4 frames in the small intestine (share 0.8 of the training
+    polyp frames), 2 in the colon (0.2): (4 x 0.8 + 2 x 0.2) / 6; no path or shares: 1."""
+    regions = np.repeat([2, 3, 4], [20, 20, 20])
+    polyp = np.full(60, 0.02)
+    polyp[25:29] = 0.9
+    polyp[45:47] = 0.9
+    timeline = build_timeline(_table(regions, "v", {"polyp": polyp}), max_reach=1)
+    path = np.full(len(timeline.observed), -1)
+    path[timeline.observed] = regions
+    shares = [0.0, 0.0, 0.0, 0.8, 0.2]
+    c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10, path=path, shares=shares)
+    assert c.features["region"][0] == pytest.approx((4 * 0.8 + 2 * 0.2) / 6)
+    assert run_candidates(timeline, POLYP, 0.5, 1, 1, 10).features["region"][0] == 1.0
+    from vce.post.engine import region_shares
+
+    gt = {"videos": [{"video_id": "v", "events": [{"start": 0, "end": 7, "label": ["small intestine", "polyp"]},
+                                                  {"start": 8, "end": 9, "label": ["colon", "polyp"]},
+                                                  {"start": 10, "end": 30, "label": ["colon"]}]}]}
+    assert region_shares(gt, "polyp") == pytest.approx([0, 0, 0, 0.8, 0.2])
+    assert region_shares(gt, "ulcer") is None
+
+
+def test_an_engine_whose_run_policy_lacks_a_key_is_refused_by_name():
+    frame_probs, gt = _videos(4, seed=7, polyp_every=2)
+    params = _engine_params(min_gain_per_video=0.1)
+    saved = fit_engine(tuning_timeline(frame_probs, params), gt, params).to_dict()
+    assert saved["policies"]["polyp"]["kind"] == "runs"
+    del saved["policies"]["polyp"]["shares"]
+    with pytest.raises(DataError, match=r"'polyp' policy lacks \['shares'\].*rerun the thresholds stage"):
+        Engine.from_dict(saved, "models/thresholds.json:engine")

@@ -77,8 +77,10 @@ REGION_SET = set(REGIONS)
 
 # Video-level evidence a finding's presence gate may use (`run_candidates`; -inf without a run):
 # the strongest run's mean probability, the mean of the 3 strongest, the frames and the number
-# of runs, the video's highest frame probability.
-PRESENCE_FEATURES = ("max", "top3", "frames", "count", "peak")
+# of runs, the video's highest frame probability, and the region context: the mean, over the
+# run frames, of the share of the label's training frames that lie in the decoded region the
+# run sits in (`region_shares`).
+PRESENCE_FEATURES = ("max", "top3", "frames", "count", "peak", "region")
 # ... or `joint`: a logistic model over all of them (`fit_presence_model`).
 GATE_FEATURES = PRESENCE_FEATURES + ("joint",)
 
@@ -101,7 +103,7 @@ class EngineParams(Section):
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
-    presence_features: list[Literal[GATE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label; joint: a logistic model over all five)
+    presence_features: list[Literal[GATE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label; joint: a logistic model over all six)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
     min_gain_per_video: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much mean AP per tuning video
     recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
@@ -109,6 +111,10 @@ class EngineParams(Section):
     objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
     calibration_frames: int = Field(ge=100)  # frames sampled to fit the calibrations (the region path's: stratified by region; finding_calibration's: half positive, half negative)
     cross_fit: bool  # report: also fit on each half of the tuning videos and score the other half (doubles the time)
+
+
+# What a thresholded-run policy holds (`phase_labels`), checked when an engine is read.
+RUNS_KEYS = ("threshold", "ratio", "median_window", "min_length", "regions", "shares", "gate", "evidence")
 
 
 @dataclass
@@ -141,6 +147,13 @@ class Engine:
         missing = [label for label in LABELS if label not in engine.policies]
         if missing:
             raise DataError(f"{where}: no policy for label(s) {missing}")
+        for label, policy in engine.policies.items():
+            if policy.get("kind") == "runs":
+                needed = RUNS_KEYS + (("presence_model",) if policy.get("evidence") == "joint" else ())
+                lacking = [key for key in needed if key not in policy]
+                if lacking:
+                    raise DataError(f"{where}: the {label!r} policy lacks {lacking}: fitted by an older version, "
+                                    "rerun the thresholds stage")
         return engine
 
 
@@ -382,9 +395,9 @@ def compatible(starts: np.ndarray, ends: np.ndarray, path: np.ndarray | None, re
     return np.isin(path[(starts + ends) // 2], regions)
 
 
-def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
-    """Region indices holding more than `min_share` of `label`'s ground-truth frames (events
-    carrying both labels) in the tuning videos; None (no gate) when it has no region-labelled frame."""
+def region_shares(gt: dict, label: str) -> list | None:
+    """(5,) the share of `label`'s ground-truth frames (events carrying both labels) in each
+    region over the tuning videos; None when it has no region-labelled frame."""
     frames = np.zeros(len(REGIONS))
     for video in gt["videos"]:
         for event in video["events"]:
@@ -392,18 +405,24 @@ def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
                 for state, region in enumerate(REGIONS):
                     if region in event["label"]:
                         frames[state] += event["end"] - event["start"] + 1
-    if frames.sum() == 0:
-        return None
-    return [state for state in range(len(REGIONS)) if frames[state] / frames.sum() > min_share]
+    return (frames / frames.sum()).tolist() if frames.sum() > 0 else None
+
+
+def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
+    """Region indices holding more than `min_share` of `label`'s ground-truth frames in the
+    tuning videos (`region_shares`); None (no gate) when it has no region-labelled frame."""
+    shares = region_shares(gt, label)
+    return None if shares is None else [state for state, share in enumerate(shares) if share > min_share]
 
 
 def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
                    runs: tuple | None = None, ratio: float = 1.0, path: np.ndarray | None = None,
-                   regions: list | None = None) -> Candidates:
+                   regions: list | None = None, shares: list | None = None) -> Candidates:
     """Thresholded (hysteresis `ratio`), median-filtered runs of label k, most confident first,
     at most `top_k` per video, only those whose middle lies in `regions` of `path` (`compatible`).
 
     `runs`: the (starts, ends) of that threshold, ratio and window when already computed (any length).
+    `shares`: the label's `region_shares`, for the `region` feature (None, or no `path`: 1 for every run).
     """
     if runs is None:
         runs = hysteresis_runs(timeline, k, threshold, ratio, median_window)
@@ -428,9 +447,17 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     count = np.bincount(video, minlength=n_videos).astype(float)
     top = rank < 3
     top3 = np.bincount(video[top], confidence[order][top], minlength=n_videos) / np.maximum(np.minimum(count, 3), 1)
-    frames = np.bincount(video, (ends - starts + 1)[order].astype(float), minlength=n_videos)
+    lengths = (ends - starts + 1)[order].astype(float)
+    frames = np.bincount(video, lengths, minlength=n_videos)
+    # The region a run sits in: its middle frame's state on the path (-1, no region: share 0).
+    share = np.ones(len(order))
+    if shares is not None and path is not None:
+        state = path[(starts + ends)[order] // 2]
+        share = np.where(state >= 0, np.asarray(shares)[np.maximum(state, 0)], 0.0)
+    region = np.bincount(video, lengths * share, minlength=n_videos) / np.maximum(frames, 1)
     features = {"max": evidence, "top3": np.where(has, top3, -np.inf), "frames": np.where(has, frames, -np.inf),
-                "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf)}
+                "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf),
+                "region": np.where(has, region, -np.inf)}
     return Candidates(events, events, evidence, features)
 
 
@@ -670,14 +697,14 @@ def fit_gate(evidence: np.ndarray, emitted: np.ndarray, silent: np.ndarray) -> t
 
 
 def presence_inputs(features: dict) -> np.ndarray:
-    """(V, 5) the video-level features (`PRESENCE_FEATURES`, in that order) as the presence model
-    reads them: logits of the three probabilities, log(1 + x) of frames and runs; NaN rows for
-    videos without a run."""
+    """(V, 6) the video-level features (`PRESENCE_FEATURES`, in that order) as the presence model
+    reads them: logits of the three probabilities, log(1 + x) of frames and runs, the region
+    share as it is; NaN rows for videos without a run."""
     has = np.isfinite(features["max"])
     out = np.full((len(has), len(PRESENCE_FEATURES)), np.nan)
     for j, name in enumerate(PRESENCE_FEATURES):
         x = features[name][has]
-        out[has, j] = np.log1p(x) if name in ("frames", "count") else _logits(x)
+        out[has, j] = np.log1p(x) if name in ("frames", "count") else x if name == "region" else _logits(x)
     return out
 
 
@@ -782,6 +809,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
         silent = objective.silent(label)
         regions = learn_compatibility(gt, label, params.compatibility_min_share) \
             if params.compatibility and label not in LANDMARKS else None
+        shares = region_shares(gt, label)  # the region context of its presence evidence
         best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
         best_runs = None  # the best runs even if they lose to silence (their cuts: shadow_cuts)
         for threshold in params.thresholds:
@@ -790,7 +818,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                     runs = hysteresis_runs(timeline, k, threshold, ratio, window)
                     for min_length in params.min_lengths:
                         candidates = run_candidates(timeline, k, threshold, window, min_length, params.top_k, runs,
-                                                    path=path, regions=regions)
+                                                    path=path, regions=regions, shares=shares)
                         if not np.isfinite(candidates.evidence).any():
                             continue
                         per_video = objective.per_video(label, candidates.events)
@@ -799,7 +827,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                             continue
                         runs_policy = {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
                                        "median_window": int(window), "min_length": int(min_length),
-                                       "regions": regions, "gate": gate, **extra}
+                                       "regions": regions, "shares": shares, "gate": gate, **extra}
                         if value > best[0] + 1e-12:
                             best = (value, runs_policy)
                         if best_runs is None or value > best_runs[0] + 1e-12:
@@ -940,7 +968,7 @@ def _run_specs(engine: Engine):
 
 def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray) -> Candidates:
     return run_candidates(timeline, LABEL_INDEX[label], spec["threshold"], spec["median_window"], spec["min_length"],
-                          top_k, ratio=spec["ratio"], path=path, regions=spec["regions"])
+                          top_k, ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"))
 
 
 def _cut_times(candidates) -> dict:
