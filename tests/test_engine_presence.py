@@ -218,6 +218,9 @@ def test_region_feature_is_the_run_frames_mean_share_of_their_decoded_region():
     shares = [0.0, 0.0, 0.0, 0.8, 0.2]
     c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10, path=path, shares=shares)
     assert c.features["region"][0] == pytest.approx((4 * 0.8 + 2 * 0.2) / 6)
+    path[np.flatnonzero(timeline.observed)[40:]] = -1  # the colon run outside every decoded region: share 0
+    c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10, path=path, shares=shares)
+    assert c.features["region"][0] == pytest.approx(4 * 0.8 / 6)
     assert run_candidates(timeline, POLYP, 0.5, 1, 1, 10).features["region"][0] == 1.0
     from vce.post.engine import region_shares
 
@@ -236,3 +239,20 @@ def test_an_engine_whose_run_policy_lacks_a_key_is_refused_by_name():
     del saved["policies"]["polyp"]["shares"]
     with pytest.raises(DataError, match=r"'polyp' policy lacks \['shares'\].*rerun the thresholds stage"):
         Engine.from_dict(saved, "models/thresholds.json:engine")
+
+
+def test_the_region_gate_admits_runs_in_the_findings_region_only():
+    """Polyp truly in the small intestine of every other video; the others hold as strong and as
+    long a run in the colon, where the training polyps never are: only the region context
+    separates them, at fitting and when the engine is applied."""
+    frame_probs, gt = _videos(8, seed=8, polyp_every=2)
+    for v in range(1, 8, 2):
+        rows = np.flatnonzero(frame_probs["video_id"].to_numpy() == f"v{v}")
+        frame_probs.loc[rows[-15:-9], "polyp"] = np.float32(0.9)  # inside the colon (40-80 frames long)
+    params = _engine_params(presence_features=["max", "frames", "region"], min_gain_per_video=0.1)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    assert engine.policies["polyp"]["evidence"] == "region"
+    assert engine.policies["polyp"]["shares"] == pytest.approx([0, 0, 0, 1, 0])
+    submission, _ = engine_submission(frame_probs, engine)
+    emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
+    assert emitted == {f"v{v}" for v in range(0, 8, 2)}
