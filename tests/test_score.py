@@ -78,6 +78,15 @@ def test_tiou_exactly_095_matches_and_just_below_does_not():
     assert ap_of(score(gt, sub(("v", [(0, 17, ["mouth"])]))), 0.95) == 0.0  # 18 / 20
 
 
+def test_a_ground_truth_starting_as_far_before_the_prediction_as_a_match_allows_still_matches():
+    """The candidate search reaches GT starts up to (1/tIoU - 1) x the prediction's length away:
+    at that distance exactly the tIoU is the threshold itself."""
+    gt = sub(("v", [(0, 3, ["mouth"])]))
+    assert ap_of(score(gt, sub(("v", [(2, 3, ["mouth"])]))), 0.5) == 1.0  # 2 / 4, starts 2 = 1 x 2 frames apart
+    gt = sub(("v", [(0, 20, ["mouth"])]))
+    assert ap_of(score(gt, sub(("v", [(1, 20, ["mouth"])]))), 0.95) == 1.0  # 20 / 21, 1 = floor(20 / 19) apart
+
+
 def test_file_order_is_the_ranking():
     gt = sub(("v", [(0, 9, ["polyp"]), (20, 29, ["polyp"])]))
     good_first = sub(("v", [(0, 9, ["polyp"]), (50, 59, ["polyp"])]))
@@ -175,6 +184,8 @@ def test_fast_equals_reference(gt_a, gt_b, pred_a, pred_b):
         ({"videos": [{"video_id": "v", "events": [{"start": True, "end": 3, "label": ["mouth"]}]}]}, "'start' must be an integer"),
         ({"videos": [{"video_id": "v", "events": [{"start": 1, "end": 3, "label": "mouth"}]}]}, "'label' must be a list"),
         (sub(("v", [(1, 3, ["mouth"]), (4, 5, ["Polyp"])])), "video 'v' event #1: unknown label(s) ['Polyp']"),
+        ({"videos": [{"video_id": True, "events": []}]}, "video #0: video_id True must be a string"),
+        ({"videos": [{"video_id": 1.5, "events": []}]}, "video #0: video_id 1.5 must be a string"),
     ],
 )
 def test_check_submission_names_the_problem(bad, message):
