@@ -228,3 +228,39 @@ def test_median_window_wider_than_the_whole_timeline():
     starts, ends = smooth_runs(short, active, 15, 0, 1)
     observed = np.flatnonzero(short.observed)
     assert (starts.tolist(), ends.tolist()) == ([observed[0]], [observed[-1]])
+
+
+def test_the_seeds_median_window_of_7_keeps_a_run_of_4_and_drops_one_of_3():
+    """A frame stays active when more than half of the 7 observed frames around it are."""
+    table = frames(60, polyp=pattern(60, (10, 12), (30, 33)))
+    sub = probs_to_submission(table, OFF, section_params(EventParams, "events", **{**RAW, "median_window": 7}))
+    assert events_of(sub) == [(30, 33, ["polyp"])]
+
+
+def test_a_median_tie_keeps_the_frames_own_state():
+    """Beside a missing frame the window of 3 sees 2 observed frames: 1 of 2 active is a tie, and
+    the frame keeps its own state (active stays active, inactive stays inactive)."""
+    table = frames(10, polyp=pattern(10, (1, 1))).drop(index=[3])  # 1 active (1 of 3 around it), 2 inactive, 3 missing
+    sub = probs_to_submission(table, OFF, section_params(EventParams, "events", **{**RAW, "median_window": 3}))
+    assert events_of(sub) == []  # frame 2 sees 1 of 2 active: a tie, it stays inactive
+    table = frames(10, polyp=pattern(10, (2, 2), (5, 5))).drop(index=[3, 4])  # 2 active beside a 2-frame gap
+    sub = probs_to_submission(table, OFF, section_params(EventParams, "events", **{**RAW, "median_window": 3}))
+    assert sorted(events_of(sub)) == [(2, 2, ["polyp"]), (5, 5, ["polyp"])]
+
+
+def test_presence_reads_the_mean_probability_over_the_runs_frames():
+    probs = np.zeros(20)
+    probs[5:8] = [0.9, 0.7, 0.5]  # one run of 3 frames, mean 0.7
+    table = frames(20, mouth=probs)
+    for presence_threshold, kept in ((0.69, True), (0.71, False)):
+        params = section_params(EventParams, "events",
+                                **{**RAW, "presence": "max", "presence_threshold": presence_threshold})
+        thresholds = {**OFF, "mouth": 0.4}
+        assert (events_of(probs_to_submission(table, thresholds, params)) == [(5, 7, ["mouth"])]) == kept
+
+
+def test_the_reach_a_timeline_needs_is_the_longest_half_window_or_gap_fill():
+    params = section_params(EventParams, "events", **{**RAW, "median_window": 7, "fill_gap": 2})
+    assert params.max_reach() == 3
+    assert params.replace(fill_gap=5).max_reach() == 5
+    assert params.replace(per_label={"polyp": {"median_window": 15}}).max_reach() == 7
