@@ -225,6 +225,11 @@ def test_gradients_finite_at_saturated_logits():
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="pos_freq"):
         VCELoss(loss_params(), torch.zeros(5))
+    for bad in (-0.01, 1.01):
+        with pytest.raises(ValueError, match=r"frequencies in \[0, 1\]"):
+            VCELoss(loss_params(), torch.tensor([bad] + [0.1] * (NUM_LABELS - 1)))
+    # A label never seen (0) and one on every frame (1) are frequencies like any other.
+    VCELoss(loss_params(), torch.tensor([0.0, 1.0] + [0.1] * (NUM_LABELS - 2)))
     with pytest.raises(ParamsError, match="loss.label_smoothing"):
         loss_params(label_smoothing=0.5)
     with pytest.raises(ParamsError, match="loss.pos_weight_max"):
