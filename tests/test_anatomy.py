@@ -226,3 +226,21 @@ def test_runs_emission_follows_the_thresholded_decisions():
     assert "mouth" not in by_probs  # decoded as esophagus, and mouth's runs never overlap a mouth segment
     by_runs = events_by_label(probs_to_submission(table, thresholds, section_params(EventParams, "events", **VITERBI, emission="runs")))
     assert by_runs["mouth"] == [(0, 29)] and by_runs["esophagus"] == [(30, 59)]
+
+
+def test_a_boundary_is_where_the_path_first_reaches_the_region_even_from_the_mouth():
+    assert boundaries(np.array([0, 0, 2, 2, 3]), 2).tolist() == [2]  # mouth straight to the stomach
+    assert boundaries(np.array([0, 1, 1, 3, 4]), 2).tolist() == [3]  # the stomach skipped: still crossed
+    assert boundaries(np.array([1, -1, 2, 2]), 2).tolist() == []  # after a separator: not a crossing
+
+
+def test_a_peak_landmark_is_centred_on_the_windows_most_probable_frame():
+    n = 300
+    truth = np.repeat([0, 1, 2, 3, 4], [10, 20, 70, 120, 80])  # pylorus boundary at 100, window [90, 110]
+    peak_params = section_params(EventParams, "events", **VITERBI, landmarks="peak", landmark_window=10, landmark_length=5)
+    for run, peak, expected in (((98, 101), 99, (97, 101)), ((108, 110), 110, (108, 110))):
+        pylorus = np.full(n, 0.05)
+        pylorus[run[0] : run[1] + 1] = 0.9
+        pylorus[peak] = 0.95
+        found = events_by_label(probs_to_submission(video(n, truth, pylorus=pylorus), ON, peak_params))
+        assert found["pylorus"] == [expected], run  # 5 frames centred on the peak, clipped to the window

@@ -44,6 +44,10 @@ def test_threshold_params_check_names_the_key():
         from_dict(ThresholdParams, {**repo_params()["thresholds"], "median_windows": [2]}, "thresholds")
     with pytest.raises(ParamsError, match="thresholds.method"):
         from_dict(ThresholdParams, {**repo_params()["thresholds"], "method": "auc"}, "thresholds")
+    with pytest.raises(ParamsError, match=r"thresholds.grid_start.*must be <= grid_stop \(0.3\)"):
+        from_dict(ThresholdParams, {**repo_params()["thresholds"], "grid_start": 0.31, "grid_stop": 0.3}, "thresholds")
+    one_point = from_dict(ThresholdParams, {**repo_params()["thresholds"], "grid_start": 0.3, "grid_stop": 0.3}, "thresholds")
+    assert one_point.grid_start == one_point.grid_stop == 0.3  # a one-point grid is a grid
 
 
 def _synthetic_validation(seed=0, n_videos=4, n=300):
