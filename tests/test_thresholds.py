@@ -25,6 +25,36 @@ def test_f1_threshold_on_a_constructed_case():
     assert thresholds["blood"] == params.off_threshold  # no positives: never fires
 
 
+def _mouth_threshold(positives, negatives, n=None, **params):
+    """The F1 threshold of mouth for frames at the given probabilities (padding negatives at 0)."""
+    n = n or len(positives) + len(negatives)
+    y_true = np.zeros((n, NUM_LABELS), np.uint8)
+    y_prob = np.zeros((n, NUM_LABELS))
+    y_true[: len(positives), 0] = 1
+    y_prob[: len(positives) + len(negatives), 0] = list(positives) + list(negatives)
+    return f1_thresholds(y_true, y_prob, section_params(ThresholdParams, "thresholds", **params))["mouth"]
+
+
+def test_f1_is_two_tp_over_fired_plus_positives():
+    # Positives 0.9 x 2 and 0.2 x 3, negatives 0.5 x 3. F1 = 2 TP / (fired + positives): up to 0.20
+    # 10 / 13, the best (the grid's lowest, 0.10, on the tie); 0.21-0.50: 4 / 10; above: 4 / 7.
+    assert _mouth_threshold([0.9, 0.9, 0.2, 0.2, 0.2], [0.5] * 3, low_support=0.0) == pytest.approx(0.10)
+    assert _mouth_threshold([0.9, 0.9, 0.2], [0.5] * 3, low_support=0.0) == pytest.approx(0.51)  # 4 / 5 beats 6 / 9
+
+
+def test_f1_fires_at_a_probability_equal_to_the_threshold_and_the_grid_holds_its_stop():
+    # Positives exactly at 0.6, negatives at 0.59: only >= 0.6 separates them.
+    assert _mouth_threshold([0.6, 0.6], [0.59, 0.59], low_support=0.0) == pytest.approx(0.6)
+    # The same at grid_stop (0.95): the grid ends there, inclusive.
+    assert _mouth_threshold([0.95, 0.95], [0.94, 0.94], low_support=0.0) == pytest.approx(0.95)
+
+
+def test_f1_low_start_is_for_classes_strictly_under_low_support():
+    # 10 positives in 1000 frames: support 0.01, exactly low_support: the usual grid (from 0.10).
+    assert _mouth_threshold([0.06] * 10, [], n=1000, low_support=0.01) == pytest.approx(0.10)
+    assert _mouth_threshold([0.06] * 9, [], n=1000, low_support=0.01) == pytest.approx(0.05)  # 0.009: from low_start
+
+
 def test_f1_low_support_searches_from_low_start():
     y_true = np.zeros((1000, NUM_LABELS), np.uint8)
     y_prob = np.full((1000, NUM_LABELS), 0.01)
