@@ -95,3 +95,68 @@ def test_detect_uses_the_ensemble_weights_only_for_as_many_folds(tmp_path):
     np.testing.assert_allclose(fusion_weights(path, 2)[:, 0], [0.7, 0.3])
     np.testing.assert_allclose(fusion_weights(path, 3), 1 / 3)  # other models: the mean
     np.testing.assert_allclose(fusion_weights(tmp_path / "none.json", 2), 0.5)
+
+
+# ----------------------------------------------------------------------------- out-of-fold coverage
+
+
+def _fold_dirs(tmp_path, held: dict, trained: dict, fold_in_file: dict | None = None):
+    """Per fold a folder with val.parquet holding `held[fold]` and coverage.json naming `trained[fold]`."""
+    dirs = {}
+    for fold, videos in held.items():
+        folder = tmp_path / f"fold_{fold}"
+        folder.mkdir()
+        pd.DataFrame({"video_id": videos}).to_parquet(folder / "val.parquet")
+        coverage = {"fold": (fold_in_file or {}).get(fold, fold), "model": f"fold_{fold}/model.pt",
+                    "model_train_videos": trained[fold]}
+        (folder / "coverage.json").write_text(json.dumps(coverage))
+        dirs[fold] = folder
+    return dirs
+
+
+INDEX = pd.DataFrame({"video_id": ["a", "b", "c", "d"], "fold": [0, 0, 1, 1]})
+
+
+def test_coverage_of_complete_folds_is_each_folds_held_out_videos(tmp_path):
+    from vce.infer.ensemble import check_coverage
+
+    dirs = _fold_dirs(tmp_path, {0: ["a", "b"], 1: ["c", "d"]}, {0: ["c", "d"], 1: ["a", "b"]})
+    assert check_coverage(INDEX, dirs, 2) == {0: ["a", "b"], 1: ["c", "d"]}
+
+
+@pytest.mark.parametrize("case, message", [
+    ("duplicate", r"video b is predicted by folds 0 and 1: every labelled video must be held out by one fold only"),
+    ("fold_in_file", r"fold_1: predicts videos \['c', 'd'\]… for fold 0, but the split index has fold 1 hold out"),
+    ("saw", r"fold 1's model \(fold_1/model.pt\) trained on held-out video\(s\) \['d'\]"),
+    ("missing", r"1 labelled video\(s\) have no out-of-fold prediction, e.g. d"),
+])
+def test_coverage_refuses_what_is_not_out_of_fold_by_name(tmp_path, case, message):
+    from vce.infer.ensemble import check_coverage
+
+    index, held, trained, fold_in_file = INDEX.copy(), {0: ["a", "b"], 1: ["c", "d"]}, {0: ["c", "d"], 1: ["a", "b"]}, None
+    if case == "duplicate":  # the index and fold 1's file both hold b
+        index = pd.DataFrame({"video_id": ["a", "b", "b", "c", "d"], "fold": [0, 0, 1, 1, 1]})
+        held[1] = ["b", "c", "d"]
+        trained[1] = ["a"]
+    elif case == "fold_in_file":
+        fold_in_file = {1: 0}
+    elif case == "saw":
+        trained[1] = ["a", "b", "d"]
+    elif case == "missing":  # fold 1 predicted c only, though the index says it holds out d too
+        index = INDEX.assign(fold=[0, 0, 1, -1])
+        held[1] = ["c"]
+    with pytest.raises(DataError, match=message):
+        check_coverage(index, _fold_dirs(tmp_path, held, trained, fold_in_file), 2)
+
+
+def test_one_split_need_not_cover_every_labelled_video_and_a_missing_coverage_names_the_stage(tmp_path):
+    from vce.infer.ensemble import check_coverage
+
+    index = INDEX.assign(fold=[0, 0, -1, -1])  # one split: c and d train the model
+    dirs = _fold_dirs(tmp_path, {0: ["a", "b"]}, {0: ["c", "d"]})
+    assert check_coverage(index, dirs, 1) == {0: ["a", "b"]}
+    with pytest.raises(DataError, match="no out-of-fold prediction"):
+        check_coverage(index, dirs, 2)
+    (dirs[0] / "coverage.json").unlink()
+    with pytest.raises(DataError, match=r"coverage.json not found: run `python -m stages.predict --part labelled`"):
+        check_coverage(index, dirs, 1)
