@@ -213,3 +213,32 @@ def test_stage_writes_the_held_out_videos_beside_the_split(tmp_path):
     assert json.loads((tmp_path / "split.json").read_text())["test"]["videos"] == ["4", "9"]
     assert load_stage().main([*args, "--test-out", str(tmp_path / "elsewhere.parquet")]) == 0
     assert pd.read_parquet(tmp_path / "elsewhere.parquet").equals(test)
+
+
+def test_group_sizes_keep_one_video_on_each_side_and_allow_one_video_per_fold():
+    from vce.data.split import group_sizes
+
+    assert group_sizes(4, section_params(SplitParams, "split", val_fraction=0.95)) == [1, 3]  # never all validation
+    assert group_sizes(4, section_params(SplitParams, "split", val_fraction=0.01)) == [3, 1]  # never none
+    assert group_sizes(3, section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2])) == [1, 1, 1]
+    out, _ = split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2]))
+    assert sorted(out.groupby("video_id")["fold"].first()) == [0, 1, 2]
+
+
+def test_one_split_marks_validation_fold_0_and_training_no_fold():
+    out, summary = split_frames(frame_table(), section_params(SplitParams, "split", val_fraction=0.25))
+    folds = out.groupby("video_id").agg(split=("split", "first"), fold=("fold", "first"))
+    assert set(folds.loc[folds["split"] == "val", "fold"]) == {0} and (folds["split"] == "val").sum() == 5
+    assert set(folds.loc[folds["split"] == "train", "fold"]) == {-1}
+
+
+def test_the_split_search_prefers_rare_labels_on_both_sides_then_balanced_shares():
+    """Of the candidate splits, the chosen one holds every 2-video label on both sides (the
+    first key), so a search over a single candidate does worse on the same frames."""
+    frames = frame_table()
+    cfg = section_params(SplitParams, "split", seed=0)
+    _, summary = split_frames(frames, cfg)
+    both = sum(summary["positive_videos"][label] == {"train": 1, "val": 1} for label in ("z-line", "active bleeding", "ulcer"))
+    _, one = split_frames(frames, cfg.replace(candidates=1))
+    one_both = sum(one["positive_videos"][label] == {"train": 1, "val": 1} for label in ("z-line", "active bleeding", "ulcer"))
+    assert both == 3 and one_both < 3
