@@ -37,3 +37,7 @@ def test_frame_metrics_ignores_invalid_rows_and_checks_shapes():
     assert metrics["frames"] == 3 and metrics["per_label"]["mouth"]["auc"] == 1.0
     with pytest.raises(ValueError, match=r"\(N, 17\)"):
         frame_metrics(y_true[:, :3], y_prob[:, :3])
+    with pytest.raises(ValueError, match=r"got \(4, 17\) and \(3, 17\)"):  # rows that do not pair up
+        frame_metrics(y_true, y_prob[:3])
+    with pytest.raises(ValueError, match=r"got \(17,\) and \(17,\)"):  # one frame, not a table
+        frame_metrics(y_true[0], y_prob[0])

@@ -49,6 +49,15 @@ def test_f1_fires_at_a_probability_equal_to_the_threshold_and_the_grid_holds_its
     assert _mouth_threshold([0.95, 0.95], [0.94, 0.94], low_support=0.0) == pytest.approx(0.95)
 
 
+def test_f1_thresholds_refuse_arrays_that_do_not_pair_up():
+    params = section_params(ThresholdParams, "thresholds")
+    y = np.zeros((4, NUM_LABELS))
+    for y_true, y_prob, shapes in ((y, y[:3], r"\(4, 17\) and \(3, 17\)"), (y[0], y[0], r"\(17,\) and \(17,\)"),
+                                   (y[:, :3], y[:, :3], r"\(4, 3\) and \(4, 3\)")):
+        with pytest.raises(ValueError, match=rf"f1_thresholds: expected two \(N, 17\) arrays, got {shapes}"):
+            f1_thresholds(y_true, y_prob, params)
+
+
 def test_f1_low_start_is_for_classes_strictly_under_low_support():
     # 10 positives in 1000 frames: support 0.01, exactly low_support: the usual grid (from 0.10).
     assert _mouth_threshold([0.06] * 10, [], n=1000, low_support=0.01) == pytest.approx(0.10)
