@@ -195,11 +195,18 @@ def region_truth(timeline: Timeline, gt: dict, labels: np.ndarray | None = None)
     return np.where(on.any(axis=0), on.argmax(axis=0), -1).astype(np.int64)
 
 
-def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: int = 0) -> tuple[list, list]:
-    """Multinomial logistic regression region logits → true region on up to `n_frames` frames."""
+def _logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None, **options):
+    """sklearn's LogisticRegression fitted on one BLAS thread (problems of a few features: more
+    threads only contend on a shared machine)."""
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
 
+    with threadpool_limits(1):
+        return LogisticRegression(**options).fit(x, y, sample_weight=sample_weight)
+
+
+def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: int = 0) -> tuple[list, list]:
+    """Multinomial logistic regression region logits → true region on up to `n_frames` frames."""
     rng = np.random.default_rng(seed)
     known = []
     for state in range(len(REGIONS)):  # stratified: up to n_frames / 5 frames of each region
@@ -210,8 +217,7 @@ def fit_calibration(timeline: Timeline, truth: np.ndarray, n_frames: int, seed: 
     classes = np.unique(truth[known])
     if len(classes) < 2:  # nothing to learn: renormalised probabilities (identity on the logits)
         return np.eye(len(REGIONS)).tolist(), [0.0] * len(REGIONS)
-    with threadpool_limits(1):  # a 5-feature problem: BLAS threads only contend on a shared machine
-        model = LogisticRegression(max_iter=300).fit(_logits(timeline.probs[REGION_ROWS][:, known].T), truth[known])
+    model = _logistic(_logits(timeline.probs[REGION_ROWS][:, known].T), truth[known], max_iter=300)
     coef = np.full((len(REGIONS), len(REGIONS)), 0.0)
     intercept = np.full(len(REGIONS), np.log(EMISSION_FLOOR))  # a region never seen: (almost) never decoded
     coef[classes] = model.coef_ if len(classes) > 2 else np.vstack([-model.coef_[0], model.coef_[0]]) / 2
@@ -247,9 +253,6 @@ def fit_temperatures(timeline: Timeline, labels: np.ndarray, n_frames: int, seed
     grid of thresholds for both). None for regions (their calibration is the region path's), for
     a label with fewer than `MIN_CALIBRATION_FRAMES` frames on either side, and where the fitted
     slope is not positive (the scores rank the wrong way on the tuning videos: kept as they are)."""
-    from sklearn.linear_model import LogisticRegression
-    from threadpoolctl import threadpool_limits
-
     rng = np.random.default_rng(seed)
     out: list = []
     for k, label in enumerate(LABELS):
@@ -261,11 +264,9 @@ def fit_temperatures(timeline: Timeline, labels: np.ndarray, n_frames: int, seed
                                 for side in sides)
         rows = np.concatenate([negatives, positives])
         target = np.repeat([0, 1], [len(negatives), len(positives)])
-        # Each side weighs half whatever its sample size: the even prior.
-        weights = np.where(target == 1, 0.5 / len(positives), 0.5 / len(negatives)) * len(rows)
-        with threadpool_limits(1):
-            model = LogisticRegression(C=100.0, max_iter=200).fit(_logits(timeline.probs[k, rows])[:, None], target,
-                                                                   sample_weight=weights)
+        # "balanced": each side weighs half whatever its sample size, the even prior.
+        model = _logistic(_logits(timeline.probs[k, rows])[:, None], target, C=100.0, max_iter=200,
+                          class_weight="balanced")
         slope, offset = float(model.coef_[0, 0]), float(model.intercept_[0])
         out.append([slope, offset] if slope > 0 else None)
     return out
@@ -278,8 +279,7 @@ def calibrated(timeline: Timeline, temperatures: list) -> Timeline:
         if fitted is not None:
             z = fitted[0] * _logits(probs[k]) + fitted[1]
             probs[k] = np.where(timeline.observed, 1 / (1 + np.exp(-z)), np.nan)
-    return Timeline(timeline.video_ids, timeline.video_first, timeline.time, timeline.observed, probs,
-                    timeline.observed_cum, timeline.max_reach)
+    return timeline.with_probs(probs)
 
 
 def learn_durations(timeline: Timeline, truth: np.ndarray, quantile: float, factor: float) -> list | None:
@@ -344,8 +344,7 @@ def recentred(timeline: Timeline, centres: list) -> Timeline:
                 z = _logits(probs[k, lo:hi])
                 z += centre - np.median(z[seen])
                 probs[k, lo:hi] = np.where(seen, 1 / (1 + np.exp(-z)), np.nan)
-    return Timeline(timeline.video_ids, timeline.video_first, timeline.time, timeline.observed, probs,
-                    timeline.observed_cum, timeline.max_reach)
+    return timeline.with_probs(probs)
 
 
 # ----------------------------------------------------------------------------- candidates per label
@@ -709,12 +708,8 @@ def presence_inputs(features: dict) -> np.ndarray:
 
 
 def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
-    from sklearn.linear_model import LogisticRegression
-    from threadpoolctl import threadpool_limits
-
     mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
-    with threadpool_limits(1):
-        model = LogisticRegression(max_iter=200).fit((x - mean) / scale, gain > 0, sample_weight=np.abs(gain))
+    model = _logistic((x - mean) / scale, gain > 0, sample_weight=np.abs(gain), max_iter=200)
     return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
             "intercept": float(model.intercept_[0])}
 

@@ -32,7 +32,7 @@ import datetime
 import re
 import sys
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -118,6 +118,10 @@ class Timeline:
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
     prob_cums: dict = field(default_factory=dict)  # label -> (P+1,) prefix sums of probs, filled lazily
     region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
+
+    def with_probs(self, probs: np.ndarray) -> Timeline:
+        """The same axis with other (17, P) probabilities (caches of the old ones left behind)."""
+        return replace(self, probs=probs, prob_cums={}, region_paths={})
 
 
 def build_timeline(
