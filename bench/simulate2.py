@@ -48,6 +48,7 @@ from scipy.stats import norm
 
 from bench.simulate import FIXTURE, ROOT, SEED_AUC, run_protocol, setup
 from vce.core.labels import LABELS, PATHOLOGY, REGIONS
+from vce.post.engine import _pieces
 
 
 def _ar1(rng, shape, rho: float) -> np.ndarray:
@@ -88,19 +89,18 @@ def as_scored_runs(video_id: str, times: np.ndarray, soft: np.ndarray) -> dict:
     return {"video_id": video_id, "events": events}
 
 
-def cut_at_true_events(gt: dict, runs: dict, labels: set) -> dict:
+def cut_at_true_events(gt: dict, runs: dict, labels: set, order: str = "shortest") -> dict:
     """Each region run of `runs`, then its pieces cut wherever an event of `labels` starts or
-    ends + 1 in the ground truth `gt` (longest first, as the engine ranks its cut pieces)."""
+    ends + 1 in the ground truth `gt`, ranked as the engine ranks its cut pieces (`_pieces`,
+    `order`: shortest or longest first; the engine picks one per region, `cut_orders`)."""
     by_id = {video["video_id"]: video["events"] for video in runs["videos"]}
     videos = []
     for video in gt["videos"]:
         cuts = sorted({t for e in video["events"] if set(e["label"]) & labels for t in (e["start"], e["end"] + 1)})
         events = []
         for run in by_id.get(video["video_id"], []):
-            a, b = run["start"], run["end"]
-            edges = [a, *[c for c in cuts if a < c <= b], b + 1]
-            pieces = sorted(((s, t - 1) for s, t in zip(edges[:-1], edges[1:])), key=lambda p: (p[0] - p[1], p[0]))
-            events += [run] + ([{"start": s, "end": e, "label": run["label"]} for s, e in pieces] if len(pieces) > 1 else [])
+            pieces = _pieces(run["start"], run["end"], cuts, order)
+            events += [run] + [{"start": s, "end": e, "label": run["label"]} for s, e in pieces]
         videos.append({"video_id": video["video_id"], "events": events})
     return {"videos": videos}
 
@@ -165,13 +165,15 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     gt, frame_labels, rng, event_params, threshold_params = setup(args)
     frame_probs, as_scored = simulate_probs2(frame_labels, rng, args)
-    ceilings = {"oracle_region_runs_as_scored": as_scored,
-                "oracle_region_runs_as_scored_cut_at_true_angiectasia_blood":
-                    cut_at_true_events(gt, as_scored, {"angiectasia", "blood"}),
-                "oracle_region_runs_as_scored_cut_at_true_angiectasia_blood_jitter1": cut_at_true_events(
-                    jittered(gt, {"angiectasia", "blood"}, 1.0, np.random.default_rng(args.seed + 1)), as_scored,
-                    {"angiectasia", "blood"}),
-                "oracle_region_runs_as_scored_cut_at_true_findings": cut_at_true_events(gt, as_scored, set(PATHOLOGY))}
+    true_ab, jitter_ab = gt, jittered(gt, {"angiectasia", "blood"}, 1.0, np.random.default_rng(args.seed + 1))
+    ceilings = {"oracle_region_runs_as_scored": as_scored}
+    for order, suffix in (("shortest", ""), ("longest", "_longest_first")):  # the engine picks one per region
+        ceilings |= {f"oracle_region_runs_as_scored_cut_at_true_angiectasia_blood{suffix}":
+                     cut_at_true_events(true_ab, as_scored, {"angiectasia", "blood"}, order),
+                     f"oracle_region_runs_as_scored_cut_at_true_angiectasia_blood_jitter1{suffix}":
+                     cut_at_true_events(jitter_ab, as_scored, {"angiectasia", "blood"}, order),
+                     f"oracle_region_runs_as_scored_cut_at_true_findings{suffix}":
+                     cut_at_true_events(gt, as_scored, set(PATHOLOGY), order)}
     results = run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_params, not args.with_classic,
                            ceilings=ceilings)
     model = {key: getattr(args, key) for key in ("seed", "rho", "boundary_sd", "ramp", "devices", "device_sd", "drift_sd", "bursts")}

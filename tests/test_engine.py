@@ -351,16 +351,18 @@ def test_shadow_cuts_append_pieces_cut_at_runs_of_labels_left_silent():
     # End to end: polyp left silent (the bar is too high on 2 videos) still cuts the small intestine.
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
     polyp = [e for e in gt["videos"][0]["events"] if "polyp" in e["label"]][0]
-    for shadow in (True, False):
-        params = _engine_params(min_gain_per_video=1.5, shadow_cuts=shadow, region_variants=0)
+    for shadow, order in ((True, "shortest"), (True, "longest"), (False, "shortest")):
+        params = _engine_params(min_gain_per_video=1.5, shadow_cuts=shadow, region_variants=0, cut_orders=[order])
         engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+        engine = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))  # the order is kept in JSON
         assert engine.policies["polyp"]["kind"] == "off" and ("shadow" in engine.policies["polyp"]) == shadow
         submission, _ = engine_submission(frame_probs, engine)
         assert not any(e["label"] == ["polyp"] for v in submission["videos"] for e in v["events"])
         intestine = [(e["start"], e["end"]) for e in submission["videos"][0]["events"] if e["label"] == ["small intestine"]]
         run = intestine[0]
         pieces = [(run[0], polyp["start"] - 1), (polyp["start"], polyp["end"]), (polyp["end"] + 1, run[1])]
-        expected = [run, *sorted(pieces, key=lambda p: p[0] - p[1])]  # the run, then its pieces longest first
+        sign = 1 if order == "shortest" else -1
+        expected = [run, *sorted(pieces, key=lambda p: sign * (p[1] - p[0]))]  # the run, then its pieces by length
         assert intestine == (expected if shadow else [run])
 
 

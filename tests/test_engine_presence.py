@@ -88,13 +88,14 @@ def test_calibrated_reads_each_label_through_its_temperature_only():
 
 def test_a_timid_finding_is_emitted_once_calibrated_and_the_engine_keeps_it_in_json():
     """Polyp frames read 0.2 (others 0.02): below every run threshold tried, so uncalibrated the
-    engine leaves it silent; its temperature makes the threshold grid reach it."""
+    engine leaves it silent; its temperature makes the threshold grid reach it (the
+    autoregressive decoder, which reads logit steps at any level, is off here)."""
     frame_probs, gt = _videos(8, seed=4, polyp_every=2)
     frame_probs["polyp"] = np.where(frame_probs["polyp"] > 0.5, 0.2, 0.02).astype(np.float32)
-    plain = _engine_params(min_gain_per_video=0.1, finding_calibration=False)
+    plain = _engine_params(min_gain_per_video=0.1, finding_calibration=False, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, plain), gt, plain)
     assert engine.policies["polyp"]["kind"] == "off" and engine.temperatures is None
-    params = _engine_params(min_gain_per_video=0.1, finding_calibration=True)
+    params = _engine_params(min_gain_per_video=0.1, finding_calibration=True, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     assert engine.policies["polyp"]["kind"] == "runs" and engine.temperatures[POLYP][0] > 0
     submission, _ = engine_submission(frame_probs, engine)

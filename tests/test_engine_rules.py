@@ -65,6 +65,8 @@ def test_a_one_frame_variant_and_a_cut_at_the_runs_last_frame_are_kept():
     c = region_candidates(timeline, path, 3, [(RUN, 39, 0)], {0: [89]})  # the run is 50-89
     assert c.events[0] == [(50, 89), (89, 89), (50, 88)]
     assert _pieces(50, 89, [89]) == [(50, 88), (89, 89)]
+    assert _pieces(50, 89, [60, 70, 75], "shortest") == [(70, 74), (50, 59), (60, 69), (75, 89)]  # ties in time order
+    assert _pieces(50, 89, [60, 70, 75], "longest") == [(75, 89), (50, 59), (60, 69), (70, 74)]
     # A variant that repeats the run or inverts it is dropped.
     assert region_candidates(timeline, path, 3, [(RUN, 0, 0), (RUN, 50, 0)], None).events[0] == [(50, 89)]
 

@@ -12,10 +12,12 @@ def _gt():
         {"start": 60, "end": 61, "label": ["small intestine", "polyp"]}]}]}
 
 
-def test_region_runs_are_followed_by_their_pieces_cut_at_the_true_events_longest_first():
+def test_region_runs_are_followed_by_their_pieces_cut_at_the_true_events_in_the_engines_order():
     runs = {"videos": [{"video_id": "v", "events": [{"start": 10, "end": 90, "label": ["small intestine"]}]}]}
     out = cut_at_true_events(_gt(), runs, {"blood"})["videos"][0]["events"]
-    assert [(e["start"], e["end"]) for e in out] == [(10, 90), (45, 90), (10, 39), (40, 44)]
+    assert [(e["start"], e["end"]) for e in out] == [(10, 90), (40, 44), (10, 39), (45, 90)]  # shortest first
+    longest = cut_at_true_events(_gt(), runs, {"blood"}, "longest")["videos"][0]["events"]
+    assert [(e["start"], e["end"]) for e in longest] == [(10, 90), (45, 90), (10, 39), (40, 44)]
     assert all(e["label"] == ["small intestine"] for e in out)
     # No event of the labels inside the run: the run alone.
     alone = cut_at_true_events(_gt(), runs, {"ulcer"})["videos"][0]["events"]

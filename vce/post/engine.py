@@ -24,13 +24,18 @@ decomposes the same way (one label's events never change another label's AP):
    truth's fragments sit, e.g. the run minus a landmark's frames at its end); then the run cut
    at the start and end of every other label's emitted events (the official ground truth is cut
    wherever the set of active labels changes: `make_json`); then (`shadow_cuts`) cut also at
-   the best runs of the labels left silent. Candidates appended after a present
+   the best runs of the labels left silent; the pieces of each cut longest or shortest first,
+   whichever scores better for the region on the tuning videos (`cut_orders`: the piece
+   between two close cuts, e.g. a finding's own frames, matches to the frame when that
+   finding's event is decoded to the frame). Candidates appended after a present
    label's first events can only add to its AP (a later false positive adds a zero term; a
    later match adds precision × recall step) — `tests/test_engine.py` holds the scorer to that.
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
-   absent) and thresholded (with hysteresis: a run starts at the threshold and lasts while
-   above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, ranked by
-   mean probability, at most `top_k` per video, optionally only inside the decoded regions that
+   absent), thresholded (with hysteresis: a run starts at the threshold and lasts while
+   above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, and
+   (`ar_runs`) the runs of an autoregressive two-state HMM fitted on the tuning frames
+   (`vce.post.arhmm`: a step in AR(1) logit noise, placed to the frame where a threshold on the
+   level is not), ranked by mean probability, at most `top_k` per video, optionally only inside the decoded regions that
    hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
    `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
    the tuning ground truth and chosen only if they win when learned on the other half of the
@@ -70,6 +75,7 @@ from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
 from vce.core.params import OddInt, Section
 from vce.eval.score import THRESHOLDS, average_precisions
 from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
+from vce.post.arhmm import ar_runs, fit_ar_model
 from vce.post.events import Timeline, build_timeline, smooth_runs
 
 REGION_SET = set(REGIONS)
@@ -96,10 +102,14 @@ class EngineParams(Section):
     variant_reach: int = Field(ge=0)  # region candidates: learn from fragments within this many frames of a run end
     region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
     shadow_cuts: bool  # region candidates: then also cut at the best runs of labels left silent
+    cut_orders: list[Literal["longest", "shortest"]] = Field(min_length=1)  # region candidates: cut pieces ranked longest or shortest first, picked per region (ties: the first)
     thresholds: list[Annotated[float, Field(ge=0, le=1)]] = Field(min_length=1)  # findings/landmarks: run thresholds tried
     median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
     hysteresis: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)  # findings/landmarks: low/high threshold ratios tried (1: no hysteresis)
+    ar_runs: bool  # findings/landmarks: also try the runs an autoregressive two-state HMM decodes (vce/post/arhmm.py)
+    ar_biases: list[float] = Field(min_length=1)  # ar_runs: log-odds added to both switch rates of the tuning ground truth (0: as learned)
+    ar_min_separation: float = Field(ge=0)  # ar_runs: only labels whose fitted step is at least this many innovation standard deviations
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
@@ -114,7 +124,11 @@ class EngineParams(Section):
 
 
 # What a thresholded-run policy holds (`phase_labels`), checked when an engine is read.
-RUNS_KEYS = ("threshold", "ratio", "median_window", "min_length", "regions", "shares", "gate", "evidence")
+RUNS_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions", "shares", "gate", "evidence")
+# ... and what decodes its runs: `threshold` (hysteresis_runs) or `ar` (vce.post.arhmm, with these).
+AR_KEYS = ("ar_model", "ar_bias")
+SPEC_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions")  # a shadow run spec
+REGION_KEYS = ("gate", "variants", "cut_order")  # what a region policy holds
 
 
 @dataclass
@@ -148,9 +162,16 @@ class Engine:
         if missing:
             raise DataError(f"{where}: no policy for label(s) {missing}")
         for label, policy in engine.policies.items():
+            specs = []
             if policy.get("kind") == "runs":
-                needed = RUNS_KEYS + (("presence_model",) if policy.get("evidence") == "joint" else ())
-                lacking = [key for key in needed if key not in policy]
+                specs.append((policy, RUNS_KEYS + (("presence_model",) if policy.get("evidence") == "joint" else ())))
+            if "shadow" in policy:
+                specs.append((policy["shadow"], SPEC_KEYS))
+            if policy.get("kind") == "region":
+                specs.append((policy, REGION_KEYS))
+            for spec, needed in specs:
+                needed += AR_KEYS if spec.get("detector") == "ar" else ()
+                lacking = [key for key in needed if key not in spec]
                 if lacking:
                     raise DataError(f"{where}: the {label!r} policy lacks {lacking}: fitted by an older version, "
                                     "rerun the thresholds stage")
@@ -469,23 +490,25 @@ def _video_peaks(timeline: Timeline, k: int) -> np.ndarray:
     return timeline.prob_cums[key]
 
 
-def _pieces(start: int, end: int, times) -> list:
-    """[start, end] cut at the sorted `times` inside it, longest first (equal lengths in time order);
-    [] when nothing cuts it."""
+def _pieces(start: int, end: int, times, order: str = "longest") -> list:
+    """[start, end] cut at the sorted `times` inside it, longest (`order`: or shortest) first,
+    equal lengths in time order; [] when nothing cuts it."""
     inner = [c for c in times if start < c <= end]
     edges = [start, *inner, end + 1]
     pieces = [(a, b - 1) for a, b in zip(edges[:-1], edges[1:]) if b - 1 >= a]
-    return sorted(pieces, key=lambda p: p[0] - p[1]) if len(pieces) > 1 else []
+    sign = 1 if order == "shortest" else -1
+    return sorted(pieces, key=lambda p: sign * (p[1] - p[0])) if len(pieces) > 1 else []
 
 
 def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None,
-                      shadow: dict | None = None) -> Candidates:
+                      shadow: dict | None = None, order: str = "longest") -> Candidates:
     """Region `state`'s decoded run per video, then the spans each of `variants` places on it
     ((mode, a, b) in rank order, `learn_variants`), then its cut pieces, then (`shadow`) its
     pieces cut at those and at the shadow times too. The clinical event is the run itself.
 
     `cuts`: per video, sorted event times where another label's event starts or ends + 1;
-    `shadow`: the same for runs of labels that are not emitted (`shadow_cuts`).
+    `shadow`: the same for runs of labels that are not emitted (`shadow_cuts`);
+    `order`: the pieces of each, longest or shortest first (`cut_order`).
     """
     starts, ends = _runs_of_path(path, state)
     n_videos = len(timeline.video_ids)
@@ -502,11 +525,11 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
                 ranked.append((a, b))
         if cuts is not None and v in cuts:
             seen = set(ranked)
-            ranked += [p for p in _pieces(start, end, cuts[v]) if p not in seen]
+            ranked += [p for p in _pieces(start, end, cuts[v], order) if p not in seen]
         if shadow is not None and v in shadow:
             seen = set(ranked)
             times = sorted(set(shadow[v]) | set((cuts or {}).get(v, [])))
-            ranked += [p for p in _pieces(start, end, times) if p not in seen]
+            ranked += [p for p in _pieces(start, end, times, order) if p not in seen]
         events[v] = ranked
         clinical[v] = [(start, end)]
         evidence[v] = frames
@@ -790,8 +813,10 @@ def _regions_at(timeline, objective: LabelObjective, scores, penalty, durations)
     return total, float(penalty), path, policies
 
 
-def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict) -> dict:
-    """Per finding / landmark: the best of off, thresholded runs (grid) and, for landmarks, anchors.
+def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
+                 labels: np.ndarray) -> dict:
+    """Per finding / landmark: the best of off, decoded runs (the threshold grid; `ar_runs`: the
+    autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
 
     Emitting must beat silence by `min_gain_per_video` x the number of tuning videos (a bar that
     scales with the sample: on 2 videos a label that helps on both is kept)."""
@@ -807,26 +832,22 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
         shares = region_shares(gt, label)  # the region context of its presence evidence
         best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
         best_runs = None  # the best runs even if they lose to silence (their cuts: shadow_cuts)
-        for threshold in params.thresholds:
-            for ratio in params.hysteresis:
-                for window in params.median_windows:
-                    runs = hysteresis_runs(timeline, k, threshold, ratio, window)
-                    for min_length in params.min_lengths:
-                        candidates = run_candidates(timeline, k, threshold, window, min_length, params.top_k, runs,
-                                                    path=path, regions=regions, shares=shares)
-                        if not np.isfinite(candidates.evidence).any():
-                            continue
-                        per_video = objective.per_video(label, candidates.events)
-                        value, gate, extra = _best_gate(candidates.features, per_video, silent, params.presence_features)
-                        if extra is None:
-                            continue
-                        runs_policy = {"kind": "runs", "threshold": float(threshold), "ratio": float(ratio),
-                                       "median_window": int(window), "min_length": int(min_length),
-                                       "regions": regions, "shares": shares, "gate": gate, **extra}
-                        if value > best[0] + 1e-12:
-                            best = (value, runs_policy)
-                        if best_runs is None or value > best_runs[0] + 1e-12:
-                            best_runs = (value, runs_policy)
+        for spec, runs in _decodings(timeline, k, params, labels[k]):
+            for min_length in params.min_lengths:
+                candidates = run_candidates(timeline, k, spec["threshold"], spec["median_window"], min_length,
+                                            params.top_k, runs, path=path, regions=regions, shares=shares)
+                if not np.isfinite(candidates.evidence).any():
+                    continue
+                per_video = objective.per_video(label, candidates.events)
+                value, gate, extra = _best_gate(candidates.features, per_video, silent, params.presence_features)
+                if extra is None:
+                    continue
+                runs_policy = {"kind": "runs", **spec, "min_length": int(min_length), "regions": regions,
+                               "shares": shares, "gate": gate, **extra}
+                if value > best[0] + 1e-12:
+                    best = (value, runs_policy)
+                if best_runs is None or value > best_runs[0] + 1e-12:
+                    best_runs = (value, runs_policy)
         if label in LANDMARKS and params.anchor_candidates > 0:
             value = _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
             anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
@@ -835,9 +856,31 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
         value = best[0] - margin if best[1]["kind"] == "off" else best[0]
         policies[label] = {**best[1], "tuning_ap": round(value / max(len(silent), 1), 4)}
         if best[1]["kind"] == "off" and params.shadow_cuts and best_runs is not None:
-            policies[label]["shadow"] = {key: best_runs[1][key] for key in
-                                         ("threshold", "ratio", "median_window", "min_length", "regions")}
+            keys = SPEC_KEYS + (AR_KEYS if best_runs[1]["detector"] == "ar" else ())
+            policies[label]["shadow"] = {key: best_runs[1][key] for key in keys}
     return policies
+
+
+def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
+    """(run spec, (starts, ends)) of every run decoding tried for label k: the threshold grid,
+    then (`ar_runs`) the autoregressive HMM at each switch bias when its model, fitted on the
+    tuning frames' `truth`, separates the label by `ar_min_separation` at least."""
+    for threshold in params.thresholds:
+        for ratio in params.hysteresis:
+            for window in params.median_windows:
+                spec = {"detector": "threshold", "threshold": float(threshold), "ratio": float(ratio),
+                        "median_window": int(window)}
+                yield spec, hysteresis_runs(timeline, k, threshold, ratio, window)
+    if not params.ar_runs:
+        return
+    logits = _logits(timeline.probs[k])
+    model = fit_ar_model(logits, truth)
+    if model is None or model["separation"] < params.ar_min_separation:
+        return
+    for bias in params.ar_biases:
+        spec = {"detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1, "ar_model": model,
+                "ar_bias": float(bias)}
+        yield spec, ar_runs(timeline, k, logits, model, float(bias))
 
 
 def _best_gate(features: dict, per_video: np.ndarray, silent: np.ndarray, names) -> tuple:
@@ -901,20 +944,26 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     durations = learn_durations(timeline, truth, params.min_duration_quantile, params.max_duration_factor)
     _, penalty, path, region_policies, intercept, weight = phase_regions(timeline, objective, params, coef, intercept,
                                                                          region_log_prior(truth), durations)
-    label_policies = phase_labels(timeline, objective, params, path, gt)
+    label_policies = phase_labels(timeline, objective, params, path, gt, labels)
     for state, region in enumerate(REGIONS):
         region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
                                                              params.variant_reach)
     engine = Engine(coef, intercept, penalty, params.region_cuts, params.top_k,
                     {label: {**region_policies, **label_policies}[label] for label in LABELS}, centres, durations,
                     temperatures)
-    # The region gates again, now with the variants and cut pieces appended.
-    candidates = _all_candidates(timeline, engine, path, gate_regions=False)
-    for region in REGIONS:
-        c = candidates[region]
-        gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
-        policy = {"kind": "off"} if gate == float("inf") else {**engine.policies[region], "gate": gate}
-        engine.policies[region] = {**policy, "tuning_ap": round(value / max(len(c.evidence), 1), 4)}
+    # The region gates again, now with the variants and cut pieces appended, each region's
+    # pieces in the order (`cut_orders`) that scores best on the tuning videos.
+    best: dict = {}
+    for order in params.cut_orders:
+        candidates = _all_candidates(timeline, engine, path, gate_regions=False, order=order)
+        for region in REGIONS:
+            c = candidates[region]
+            gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
+            if region not in best or value > best[region][1] + 1e-12:
+                best[region] = (gate, value, order, len(c.evidence))
+    for region, (gate, value, order, n_videos) in best.items():
+        policy = {"kind": "off"} if gate == float("inf") else {**engine.policies[region], "gate": gate, "cut_order": order}
+        engine.policies[region] = {**policy, "tuning_ap": round(value / max(n_videos, 1), 4)}
     engine.report = {"seconds": round(time.perf_counter() - began, 1), "evaluations": objective.evaluations,
                      "switch_penalty": penalty, "prior_weight": weight, "durations": durations}
     if cross_fitted is not None:
@@ -962,8 +1011,12 @@ def _run_specs(engine: Engine):
 
 
 def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray) -> Candidates:
-    return run_candidates(timeline, LABEL_INDEX[label], spec["threshold"], spec["median_window"], spec["min_length"],
-                          top_k, ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"))
+    k = LABEL_INDEX[label]
+    runs = None
+    if spec["detector"] == "ar":
+        runs = ar_runs(timeline, k, _logits(timeline.probs[k]), spec["ar_model"], spec["ar_bias"])
+    return run_candidates(timeline, k, spec["threshold"], spec["median_window"], spec["min_length"], top_k, runs,
+                          ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"))
 
 
 def _cut_times(candidates) -> dict:
@@ -976,8 +1029,10 @@ def _cut_times(candidates) -> dict:
     return {v: sorted(times) for v, times in cuts.items()}
 
 
-def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_regions: bool = True) -> dict:
-    """Gated candidates of every label: findings and landmarks first, regions cut at their events."""
+def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_regions: bool = True,
+                    order: str | None = None) -> dict:
+    """Gated candidates of every label: findings and landmarks first, regions cut at their events
+    (their pieces in each region policy's `cut_order`, or in `order` for every region)."""
     out = {}
     for label in LABELS:
         policy = engine.policies[label]
@@ -999,7 +1054,8 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
         policy = engine.policies[region]
         if policy["kind"] == "off":
             continue
-        c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts, shadow)
+        c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts, shadow,
+                              order or policy["cut_order"])
         out[region] = gated(c, policy["gate"]) if gate_regions else c
     return out
 

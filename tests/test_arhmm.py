@@ -1,0 +1,255 @@
+"""The autoregressive two-state HMM decoder (vce/post/arhmm.py) and its place in the score engine."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.signal import lfilter
+from test_engine import _engine_params, _labels, _table
+
+import vce.post.arhmm as arhmm
+from vce.core.errors import DataError
+from vce.core.labels import LABELS, REGIONS
+from vce.post.arhmm import ar_runs, fit_ar_model, pair_scores, two_state_path
+from vce.post.engine import (
+    Engine,
+    _logits,
+    engine_submission,
+    fit_engine,
+    hysteresis_runs,
+    label_truth,
+    tuning_timeline,
+)
+from vce.post.events import build_timeline, labels_to_submission
+
+BLOOD = LABELS.index("blood")
+
+
+def _viterbi_loop(scores, forced_off):
+    """The textbook two-state Viterbi, one frame at a time (ties to the off state)."""
+    m = scores.T.reshape(-1, 2, 2).copy()  # (T, i, j)
+    m[forced_off, :, 1] = -np.inf
+    delta = np.array([0.0, -np.inf])
+    back = np.zeros((len(m), 2), np.int64)
+    for t in range(1, len(m)):
+        options = delta[:, None] + m[t]
+        back[t] = (options[1] > options[0]).astype(np.int64)
+        delta = options.max(axis=0)
+    path = np.empty(len(m), np.int64)
+    path[-1] = int(delta[1] > delta[0])
+    for t in range(len(m) - 1, 0, -1):
+        path[t - 1] = back[t, path[t]]
+    return path
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 8, 1024])
+def test_the_blocked_scan_finds_the_same_path_as_the_frame_by_frame_viterbi(monkeypatch, block):
+    monkeypatch.setattr(arhmm, "BLOCK", block)
+    rng = np.random.default_rng(block)
+    for length in (1, 2, 3, 5, 9, 17, 64, 300):
+        for _ in range(5):
+            scores = rng.normal(size=(4, length)) * 3
+            forced = rng.random(length) < 0.1
+            np.testing.assert_array_equal(two_state_path(scores, forced), _viterbi_loop(scores, forced))
+    assert two_state_path(np.zeros((4, 0))).shape == (0,)
+
+
+def test_ties_go_to_the_off_state():
+    """Every pair scoring the same: off everywhere (pointers and the last frame alike)."""
+    np.testing.assert_array_equal(two_state_path(np.zeros((4, 7))), np.zeros(7))
+    scores = np.zeros((4, 5))
+    scores[1, 2] = 1.0  # entering on at frame 2 pays 1; after it staying on and leaving tie: off again
+    np.testing.assert_array_equal(two_state_path(scores), [0, 0, 1, 0, 0])
+    scores = np.zeros((4, 3))
+    scores[1, 1], scores[1, 2], scores[3, 2] = 1.0, 2.0, 1.0  # on at 2: from off (0 + 2) ties from on (1 + 1)
+    np.testing.assert_array_equal(two_state_path(scores), [0, 0, 1])
+
+
+def _step_series(rng, n, runs, step, rho, offset=-3.0):
+    """(logits, truth): AR(1) noise of unit variance, `offset` + `step` inside the runs."""
+    truth = np.zeros(n, np.int8)
+    for a, b in runs:
+        truth[a:b + 1] = 1
+    noise = lfilter([np.sqrt(1 - rho**2)], [1.0, -rho], rng.standard_normal(n))
+    return offset + step * truth + noise, truth
+
+
+def test_the_model_recovers_the_step_the_correlation_and_the_innovation_of_ar1_noise():
+    rng = np.random.default_rng(0)
+    runs = [(a, a + 9) for a in range(500, 200_000, 400)]
+    logits, truth = _step_series(rng, 200_000, runs, step=3.0, rho=0.9)
+    model = fit_ar_model(logits, truth)
+    assert model["rho"] == pytest.approx(0.9, abs=0.01)
+    assert model["b"] == pytest.approx(3.0, abs=0.05)
+    assert model["g"] == pytest.approx(-0.9 * 3.0, abs=0.05)  # a step in AR(1) noise: g = -rho b
+    assert model["a"] == pytest.approx(-3.0 * (1 - 0.9), abs=0.02)
+    assert model["sigma"] == pytest.approx(np.sqrt(1 - 0.81), rel=0.02)
+    assert model["separation"] == pytest.approx(model["b"] / model["sigma"])
+
+
+def test_switch_rates_are_counted_with_add_one_smoothing_and_too_little_truth_gives_no_model():
+    truth = np.zeros(100, np.int8)
+    truth[[10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49]] = 1  # 2 runs, 20 frames
+    truth[60] = -1  # an unobserved frame: neither pair with it counts
+    logits = np.random.default_rng(1).normal(size=100) + 2 * truth
+    model = fit_ar_model(logits, truth)
+    # Pairs (t-1, t) with both labelled: 99 - 2 = 97; from off: 97 - 20 = 77 (2 starts), from on: 20 (2 ends).
+    assert model["p01"] == pytest.approx((2 + 1) / (77 + 2))
+    assert model["p10"] == pytest.approx((2 + 1) / (20 + 2))
+    assert fit_ar_model(logits, np.where(np.arange(100) == 99, 0, truth).astype(np.int8)) is not None
+    fewer = truth.copy()
+    fewer[49] = 0  # 19 positive frames
+    assert fit_ar_model(logits, fewer) is None
+    one_run = np.zeros(100, np.int8)
+    one_run[10:40] = 1  # 30 frames but a single run
+    assert fit_ar_model(logits, one_run) is None
+
+
+def test_pair_scores_are_the_innovation_density_plus_the_biased_switch_log_probabilities():
+    model = {"a": 0.5, "b": 2.0, "g": -1.5, "rho": 0.8, "sigma": 0.5, "p01": 0.01, "p10": 0.2}
+    logits = np.array([0.0, 1.0, 3.0, 0.0])
+    observed = np.array([True, True, True, False])
+    scores = pair_scores(logits, observed, model, bias=1.0)
+    p01, p10 = 1 / (1 + (1 - 0.01) / 0.01 * np.exp(-1.0)), 1 / (1 + (1 - 0.2) / 0.2 * np.exp(-1.0))
+    log_switch = np.log([1 - p01, p01, p10, 1 - p10])
+    # t = 2: l = 3 after l = 1; mean a + b j + g i + rho * 1.
+    for row, (i, j) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+        mean = 0.5 + 2.0 * j - 1.5 * i + 0.8 * 1.0
+        assert scores[row, 2] == pytest.approx(-0.5 * ((3.0 - mean) / 0.5) ** 2 + log_switch[row])
+    # t = 0 (no frame before) and t = 3 (unobserved): the switch probabilities alone.
+    np.testing.assert_allclose(scores[:, 0], log_switch)
+    np.testing.assert_allclose(scores[:, 3], log_switch)
+
+
+def _ar_videos(n_videos, seed, rho=0.9, step=3.0):
+    """Videos whose blood logits are AR(1) noise with a step inside 12 events each (4-20 frames)."""
+    rng = np.random.default_rng(seed)
+    tables, labels = [], []
+    for v in range(n_videos):
+        n = 1500
+        starts = np.sort(rng.choice(np.arange(50, n - 50, 100), 12, replace=False))
+        runs = [(int(a), int(a + rng.integers(3, 20))) for a in starts]
+        logits, truth = _step_series(rng, n, runs, step, rho)
+        regions = np.repeat(np.arange(5), [100, 100, 300, 700, 300])
+        tables.append(_table(regions, f"v{v}", {"blood": 1 / (1 + np.exp(-logits))}, seed=seed + v))
+        labels.append(_labels(regions, f"v{v}", {"blood": truth}))
+    frame_probs = pd.concat(tables, ignore_index=True)
+    return frame_probs, labels_to_submission(pd.concat(labels, ignore_index=True))
+
+
+def _exact_runs(timeline, starts, ends, gt):
+    true = {(str(v["video_id"]), e["start"], e["end"]) for v in gt["videos"] for e in v["events"] if "blood" in e["label"]}
+    video = np.searchsorted(timeline.video_first, starts, side="right") - 1
+    found = {(timeline.video_ids[v], int(timeline.time[a]), int(timeline.time[b])) for v, a, b in zip(video, starts, ends)}
+    return len(true & found) / len(true)
+
+
+def test_in_ar1_noise_the_decoder_places_runs_to_the_frame_where_no_threshold_does():
+    frame_probs, gt = _ar_videos(4, seed=3, step=2.0)  # 48 events
+    timeline = build_timeline(frame_probs, max_reach=8)
+    truth = label_truth(timeline, gt)[BLOOD]
+    logits = _logits(timeline.probs[BLOOD])
+    model = fit_ar_model(logits, truth)
+    decoded = _exact_runs(timeline, *ar_runs(timeline, BLOOD, logits, model, 0.0), gt)
+    best_threshold = max(_exact_runs(timeline, *hysteresis_runs(timeline, BLOOD, t, 1.0, w), gt)
+                         for t in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8) for w in (1, 3, 5))
+    assert decoded >= 0.9 and best_threshold <= 0.35  # measured: 0.92 and 0.23
+
+
+def test_runs_stop_at_the_video_and_at_their_last_observed_frame():
+    """Blood on through the end of v0 and from the first frame of v1; a 3-frame gap of missing
+    frames right after a run in v1: no run spans the two videos or ends inside the gap."""
+    on = np.r_[np.full(20, -4.0), np.full(10, 3.0)]
+    first = pd.DataFrame({"video_id": "v0", "t": np.arange(30)})
+    second = pd.DataFrame({"video_id": "v1", "t": np.r_[np.arange(10), np.arange(13, 30)]})
+    frame_probs = pd.concat([first, second], ignore_index=True)
+    for label in LABELS:
+        frame_probs[label] = np.float32(0.02)
+    second_logits = np.r_[np.full(5, 3.0), np.full(22, -4.0)]  # on at t 0-4, off from 5; missing 10-12
+    second_logits[9] = 3.0  # a one-frame rise right before the gap
+    frame_probs["blood"] = (1 / (1 + np.exp(-np.r_[on, second_logits]))).astype(np.float32)
+    timeline = build_timeline(frame_probs, max_reach=4)
+    model = {"a": -0.4, "b": 7.0, "g": -6.3, "rho": 0.9, "sigma": 0.3, "p01": 0.05, "p10": 0.05}
+    starts, ends = ar_runs(timeline, BLOOD, _logits(timeline.probs[BLOOD]), model, 0.0)
+    video = np.searchsorted(timeline.video_first, starts, side="right") - 1
+    spans = [(int(v), int(timeline.time[a]), int(timeline.time[b])) for v, a, b in zip(video, starts, ends)]
+    assert spans == [(0, 20, 29), (1, 0, 4), (1, 9, 9)]
+    assert timeline.observed[starts].all() and timeline.observed[ends].all()
+
+
+def test_each_switch_bias_is_decoded_on_its_own():
+    frame_probs, gt = _ar_videos(2, seed=5, step=1.5)
+    timeline = build_timeline(frame_probs, max_reach=8)
+    logits = _logits(timeline.probs[BLOOD])
+    model = fit_ar_model(logits, label_truth(timeline, gt)[BLOOD])
+    strict, loose = (len(ar_runs(timeline, BLOOD, logits, model, bias)[0]) for bias in (-3.0, 3.0))
+    assert loose > strict  # not the cached runs of the first bias
+
+
+def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policies():
+    frame_probs, gt = _ar_videos(6, seed=7)
+    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=0.0)
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    policy = engine.policies["blood"]
+    assert policy["kind"] == "runs" and policy["detector"] == "ar" and policy["ar_model"]["separation"] > 2.0
+    submission, _ = engine_submission(frame_probs, engine)
+    saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
+    assert engine_submission(frame_probs, saved)[0] == submission
+    # Below the separation bar the label is not decoded at all; the threshold grid decides.
+    strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_per_video=0.0)
+    assert fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"].get("detector") != "ar"
+    # An engine from before the decoder (no "detector"), or an ar policy without its model, is refused.
+    for drop in ("detector", "ar_model"):
+        data = json.loads(json.dumps(engine.to_dict()))
+        del data["policies"]["blood"][drop]
+        with pytest.raises(DataError, match=rf"'blood' policy lacks \['{drop}'\].*rerun the thresholds stage"):
+            Engine.from_dict(data)
+
+
+def test_a_silent_labels_decoded_runs_still_cut_the_regions():
+    frame_probs, gt = _ar_videos(4, seed=11)
+    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=10.0)  # every finding off
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    shadow = engine.policies["blood"]["shadow"]
+    assert engine.policies["blood"]["kind"] == "off" and shadow["detector"] == "ar" and "ar_model" in shadow
+    saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
+    submission, _ = engine_submission(frame_probs, saved)
+    inside = {(e["start"], e["end"]) for e in gt["videos"][0]["events"]
+              if "blood" in e["label"] and "small intestine" in e["label"]}
+    pieces = {(e["start"], e["end"]) for e in submission["videos"][0]["events"] if e["label"] == ["small intestine"]}
+    assert len(inside) >= 4 and inside <= pieces  # the small intestine cut at each of its blood events
+
+
+def test_an_older_shadow_spec_is_refused_by_name():
+    frame_probs, gt = _ar_videos(2, seed=9)
+    params = _engine_params(ar_runs=False, min_gain_per_video=10.0)  # every finding off, with shadow runs
+    engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
+    data = json.loads(json.dumps(engine.to_dict()))
+    assert data["policies"]["blood"]["shadow"]["detector"] == "threshold"
+    del data["policies"]["blood"]["shadow"]["detector"]
+    with pytest.raises(DataError, match=r"'blood' policy lacks \['detector'\]"):
+        Engine.from_dict(data)
+
+
+def test_each_region_ranks_its_cut_pieces_in_the_order_that_scores_better_on_the_tuning_videos():
+    """Blood cuts the regions; the engine fitted with both orders keeps, per region, the better
+    tuning AP of the two single-order engines (ties: the first listed, longest)."""
+    frame_probs, gt = _ar_videos(4, seed=11)
+    fitted = {}
+    for orders in (["longest"], ["shortest"], ["longest", "shortest"]):
+        params = _engine_params(min_gain_per_video=1.5, cut_orders=orders)
+        fitted[tuple(orders)] = fit_engine(tuning_timeline(frame_probs, params), gt, params).policies
+    picked = set()
+    for region in REGIONS:
+        longest, shortest = (fitted[(order,)][region]["tuning_ap"] for order in ("longest", "shortest"))
+        both = fitted[("longest", "shortest")][region]
+        assert both["tuning_ap"] == max(longest, shortest)
+        assert both["cut_order"] == ("shortest" if shortest > longest else "longest")
+        picked.add(both["cut_order"])
+    assert picked == {"longest", "shortest"}  # this data holds regions of each kind
+    data = {"coef": [], "intercept": [], "switch_penalty": 0.0, "region_cuts": True, "top_k": 1,
+            "policies": {**fitted[("longest",)]}, "centres": None, "durations": None, "temperatures": None}
+    data["policies"]["colon"] = {k: v for k, v in data["policies"]["colon"].items() if k != "cut_order"}
+    with pytest.raises(DataError, match=r"'colon' policy lacks \['cut_order'\].*rerun the thresholds stage"):
+        Engine.from_dict(data)
