@@ -11,7 +11,7 @@ from test_engine import _engine_params, _labels, _table
 import vce.post.arhmm as arhmm
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
-from vce.post.arhmm import ar_runs, fit_ar_model, pair_scores, two_state_path
+from vce.post.arhmm import ar_run_strength, ar_runs, fit_ar_model, pair_scores, two_state_path
 from vce.post.engine import (
     Engine,
     _logits,
@@ -19,6 +19,7 @@ from vce.post.engine import (
     fit_engine,
     hysteresis_runs,
     label_truth,
+    run_candidates,
     tuning_timeline,
 )
 from vce.post.events import build_timeline, labels_to_submission
@@ -253,3 +254,41 @@ def test_each_region_ranks_its_cut_pieces_in_the_order_that_scores_better_on_the
     data["policies"]["colon"] = {k: v for k, v in data["policies"]["colon"].items() if k != "cut_order"}
     with pytest.raises(DataError, match=r"'colon' policy lacks \['cut_order'\].*rerun the thresholds stage"):
         Engine.from_dict(data)
+
+
+def test_run_strength_is_the_runs_log_likelihood_ratio_against_off_per_frame():
+    rng = np.random.default_rng(2)
+    logits, truth = _step_series(rng, 3000, [(a, a + 5) for a in range(100, 2900, 200)], step=3.0, rho=0.9)
+    frame_probs = pd.DataFrame({"video_id": "v", "t": np.arange(3000)})
+    for label in LABELS:
+        frame_probs[label] = np.float32(0.02)
+    frame_probs["blood"] = (1 / (1 + np.exp(-logits))).astype(np.float32)
+    timeline = build_timeline(frame_probs, max_reach=2)
+    observed_logits = _logits(timeline.probs[BLOOD])
+    model = fit_ar_model(observed_logits, label_truth(timeline, {"videos": [{"video_id": "v", "events": [
+        {"start": a, "end": a + 5, "label": ["blood"]} for a in range(100, 2900, 200)]}]})[BLOOD])
+    starts, ends = ar_runs(timeline, BLOOD, observed_logits, model, 0.0)
+    strength = ar_run_strength(timeline, BLOOD, observed_logits, model, 0.0)
+    scores = pair_scores(observed_logits, timeline.observed, model, 0.0)
+    for s, e, value in zip(starts, ends, strength):
+        # The path with the run minus the all-off path, pair by pair, over the run's frames.
+        with_run = scores[1, s] + scores[3, s + 1:e + 1].sum() + scores[2, e + 1]
+        without = scores[0, s:e + 2].sum()
+        assert value == pytest.approx((with_run - without) / (e - s + 1))
+    assert len(starts) >= 10
+
+
+def test_decoded_runs_are_ranked_by_their_strength_not_their_mean_probability():
+    frame_probs, gt = _ar_videos(2, seed=13)
+    timeline = build_timeline(frame_probs, max_reach=8)
+    logits = _logits(timeline.probs[BLOOD])
+    model = fit_ar_model(logits, label_truth(timeline, gt)[BLOOD])
+    runs = ar_runs(timeline, BLOOD, logits, model, 0.0)
+    strength = ar_run_strength(timeline, BLOOD, logits, model, 0.0)
+    ranked = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs, strength=strength).events[0]
+    by_probability = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs).events[0]
+    video = np.searchsorted(timeline.video_first, runs[0], side="right") - 1
+    first = video == 0
+    expected = np.argsort(-strength[first], kind="stable")
+    spans = list(zip(timeline.time[runs[0][first]].tolist(), timeline.time[runs[1][first]].tolist()))
+    assert ranked == [spans[i] for i in expected] and ranked != by_probability

@@ -157,17 +157,29 @@ def ar_runs(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> t
     separator before each video, so no run spans two; trimmed to their first and last observed
     frame; a run of unobserved positions only is dropped). Kept in the timeline's cache: the
     engine asks again for the runs it picked."""
+    return _cached(timeline, k, logits, model, bias)[:2]
+
+
+def ar_run_strength(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> np.ndarray:
+    """(R,) each of `ar_runs`' runs' log-likelihood ratio against the label being off there,
+    per frame: entering at its start, staying on through it, leaving after its end (the switch
+    probabilities included) — how sure the model is of the run, frame for frame."""
+    return _cached(timeline, k, logits, model, bias)[2]
+
+
+def _cached(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> tuple:
     key = ("ar", k, float(bias), tuple(sorted(model.items())))
     if key not in timeline.prob_cums:
         timeline.prob_cums[key] = _decoded_runs(timeline, logits, model, bias)
     return timeline.prob_cums[key]
 
 
-def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
+def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     observed = timeline.observed
     forced = np.zeros(len(observed), bool)
     forced[np.maximum(np.asarray(timeline.video_first) - 1, 0)] = True
-    path = two_state_path(pair_scores(logits, observed, model, bias), forced)
+    scores = pair_scores(logits, observed, model, bias)
+    path = two_state_path(scores, forced)
     edges = np.diff((path == 1).view(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
     positions = np.arange(len(observed))
@@ -175,4 +187,9 @@ def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tup
     last_seen = np.maximum.accumulate(np.where(observed, positions, -1))
     starts, ends = next_seen[starts], last_seen[ends]
     keep = starts <= ends
-    return starts[keep], ends[keep]
+    starts, ends = starts[keep], ends[keep]
+    stay = np.concatenate([[0.0], np.cumsum(scores[3] - scores[0])])  # on -> on against off -> off
+    after = np.minimum(ends + 1, len(observed) - 1)
+    ratio = (scores[1, starts] - scores[0, starts]) + (stay[ends + 1] - stay[starts + 1]) + \
+        (scores[2, after] - scores[0, after])
+    return starts, ends, ratio / (ends - starts + 1)

@@ -75,7 +75,7 @@ from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
 from vce.core.params import OddInt, Section
 from vce.eval.score import THRESHOLDS, average_precisions
 from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
-from vce.post.arhmm import ar_runs, fit_ar_model
+from vce.post.arhmm import ar_run_strength, ar_runs, fit_ar_model
 from vce.post.events import Timeline, build_timeline, smooth_runs
 
 REGION_SET = set(REGIONS)
@@ -437,12 +437,15 @@ def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
 
 def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
                    runs: tuple | None = None, ratio: float = 1.0, path: np.ndarray | None = None,
-                   regions: list | None = None, shares: list | None = None) -> Candidates:
+                   regions: list | None = None, shares: list | None = None,
+                   strength: np.ndarray | None = None) -> Candidates:
     """Thresholded (hysteresis `ratio`), median-filtered runs of label k, most confident first,
     at most `top_k` per video, only those whose middle lies in `regions` of `path` (`compatible`).
 
     `runs`: the (starts, ends) of that threshold, ratio and window when already computed (any length).
     `shares`: the label's `region_shares`, for the `region` feature (None, or no `path`: 1 for every run).
+    `strength`: (R,) per run of `runs`, what ranks them instead of the mean probability (the
+    autoregressive decoder's `ar_run_strength`; the gate features still read the probabilities).
     """
     if runs is None:
         runs = hysteresis_runs(timeline, k, threshold, ratio, median_window)
@@ -450,11 +453,12 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     keep = (ends - starts + 1 >= min_length) & compatible(starts, ends, path, regions)
     starts, ends = starts[keep], ends[keep]
     confidence = _mean_probs(timeline, k, starts, ends)
+    rank_by = confidence if strength is None else strength[keep]
     video = _video_of(timeline, starts)
     n_videos = len(timeline.video_ids)
     evidence = np.full(n_videos, -np.inf)
     np.maximum.at(evidence, video, confidence)
-    order = np.lexsort((starts, -confidence, video))
+    order = np.lexsort((starts, -rank_by, video))
     video = video[order]
     first = np.searchsorted(video, np.arange(n_videos))
     rank = np.arange(len(video)) - first[video]  # rank inside its video
@@ -832,10 +836,11 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
         shares = region_shares(gt, label)  # the region context of its presence evidence
         best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
         best_runs = None  # the best runs even if they lose to silence (their cuts: shadow_cuts)
-        for spec, runs in _decodings(timeline, k, params, labels[k]):
+        for spec, runs, strength in _decodings(timeline, k, params, labels[k]):
             for min_length in params.min_lengths:
                 candidates = run_candidates(timeline, k, spec["threshold"], spec["median_window"], min_length,
-                                            params.top_k, runs, path=path, regions=regions, shares=shares)
+                                            params.top_k, runs, path=path, regions=regions, shares=shares,
+                                            strength=strength)
                 if not np.isfinite(candidates.evidence).any():
                     continue
                 per_video = objective.per_video(label, candidates.events)
@@ -862,15 +867,16 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
 
 
 def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
-    """(run spec, (starts, ends)) of every run decoding tried for label k: the threshold grid,
-    then (`ar_runs`) the autoregressive HMM at each switch bias when its model, fitted on the
-    tuning frames' `truth`, separates the label by `ar_min_separation` at least."""
+    """(run spec, (starts, ends), strength or None) of every run decoding tried for label k: the
+    threshold grid, then (`ar_runs`) the autoregressive HMM at each switch bias when its model,
+    fitted on the tuning frames' `truth`, separates the label by `ar_min_separation` at least
+    (its runs ranked by `ar_run_strength`)."""
     for threshold in params.thresholds:
         for ratio in params.hysteresis:
             for window in params.median_windows:
                 spec = {"detector": "threshold", "threshold": float(threshold), "ratio": float(ratio),
                         "median_window": int(window)}
-                yield spec, hysteresis_runs(timeline, k, threshold, ratio, window)
+                yield spec, hysteresis_runs(timeline, k, threshold, ratio, window), None
     if not params.ar_runs:
         return
     logits = _logits(timeline.probs[k])
@@ -880,7 +886,8 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
     for bias in params.ar_biases:
         spec = {"detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1, "ar_model": model,
                 "ar_bias": float(bias)}
-        yield spec, ar_runs(timeline, k, logits, model, float(bias))
+        yield (spec, ar_runs(timeline, k, logits, model, float(bias)),
+               ar_run_strength(timeline, k, logits, model, float(bias)))
 
 
 def _best_gate(features: dict, per_video: np.ndarray, silent: np.ndarray, names) -> tuple:
@@ -1012,11 +1019,14 @@ def _run_specs(engine: Engine):
 
 def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray) -> Candidates:
     k = LABEL_INDEX[label]
-    runs = None
+    runs = strength = None
     if spec["detector"] == "ar":
-        runs = ar_runs(timeline, k, _logits(timeline.probs[k]), spec["ar_model"], spec["ar_bias"])
+        logits = _logits(timeline.probs[k])
+        runs = ar_runs(timeline, k, logits, spec["ar_model"], spec["ar_bias"])
+        strength = ar_run_strength(timeline, k, logits, spec["ar_model"], spec["ar_bias"])
     return run_candidates(timeline, k, spec["threshold"], spec["median_window"], spec["min_length"], top_k, runs,
-                          ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"))
+                          ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"),
+                          strength=strength)
 
 
 def _cut_times(candidates) -> dict:
