@@ -152,7 +152,7 @@ def test_in_ar1_noise_the_decoder_places_runs_to_the_frame_where_no_threshold_do
     truth = label_truth(timeline, gt)[BLOOD]
     logits = _logits(timeline.probs[BLOOD])
     model = fit_ar_model(logits, truth)
-    decoded = _exact_runs(timeline, *ar_runs(timeline, BLOOD, logits, model, 0.0), gt)
+    decoded = _exact_runs(timeline, *ar_runs(timeline, BLOOD, model, 0.0), gt)
     best_threshold = max(_exact_runs(timeline, *hysteresis_runs(timeline, BLOOD, t, 1.0, w), gt)
                          for t in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8) for w in (1, 3, 5))
     assert decoded >= 0.9 and best_threshold <= 0.35  # measured: 0.92 and 0.23
@@ -172,7 +172,7 @@ def test_runs_stop_at_the_video_and_at_their_last_observed_frame():
     frame_probs["blood"] = (1 / (1 + np.exp(-np.r_[on, second_logits]))).astype(np.float32)
     timeline = build_timeline(frame_probs, max_reach=4)
     model = {"a": -0.4, "b": 7.0, "g": -6.3, "rho": 0.9, "sigma": 0.3, "p01": 0.05, "p10": 0.05}
-    starts, ends = ar_runs(timeline, BLOOD, _logits(timeline.probs[BLOOD]), model, 0.0)
+    starts, ends = ar_runs(timeline, BLOOD, model, 0.0)
     video = np.searchsorted(timeline.video_first, starts, side="right") - 1
     spans = [(int(v), int(timeline.time[a]), int(timeline.time[b])) for v, a, b in zip(video, starts, ends)]
     assert spans == [(0, 20, 29), (1, 0, 4), (1, 9, 9)]
@@ -184,7 +184,7 @@ def test_each_switch_bias_is_decoded_on_its_own():
     timeline = build_timeline(frame_probs, max_reach=8)
     logits = _logits(timeline.probs[BLOOD])
     model = fit_ar_model(logits, label_truth(timeline, gt)[BLOOD])
-    strict, loose = (len(ar_runs(timeline, BLOOD, logits, model, bias)[0]) for bias in (-3.0, 3.0))
+    strict, loose = (len(ar_runs(timeline, BLOOD, model, bias)[0]) for bias in (-3.0, 3.0))
     assert loose > strict  # not the cached runs of the first bias
 
 
@@ -267,8 +267,8 @@ def test_run_strength_is_the_runs_log_likelihood_ratio_against_off_per_frame():
     observed_logits = _logits(timeline.probs[BLOOD])
     model = fit_ar_model(observed_logits, label_truth(timeline, {"videos": [{"video_id": "v", "events": [
         {"start": a, "end": a + 5, "label": ["blood"]} for a in range(100, 2900, 200)]}]})[BLOOD])
-    starts, ends = ar_runs(timeline, BLOOD, observed_logits, model, 0.0)
-    strength = ar_run_strength(timeline, BLOOD, observed_logits, model, 0.0)
+    starts, ends = ar_runs(timeline, BLOOD, model, 0.0)
+    strength = ar_run_strength(timeline, BLOOD, model, 0.0)
     scores = pair_scores(observed_logits, timeline.observed, model, 0.0)
     for s, e, value in zip(starts, ends, strength):
         # The path with the run minus the all-off path, pair by pair, over the run's frames.
@@ -283,8 +283,8 @@ def test_decoded_runs_are_ranked_by_their_strength_not_their_mean_probability():
     timeline = build_timeline(frame_probs, max_reach=8)
     logits = _logits(timeline.probs[BLOOD])
     model = fit_ar_model(logits, label_truth(timeline, gt)[BLOOD])
-    runs = ar_runs(timeline, BLOOD, logits, model, 0.0)
-    strength = ar_run_strength(timeline, BLOOD, logits, model, 0.0)
+    runs = ar_runs(timeline, BLOOD, model, 0.0)
+    strength = ar_run_strength(timeline, BLOOD, model, 0.0)
     ranked = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs, strength=strength).events[0]
     by_probability = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs).events[0]
     video = np.searchsorted(timeline.video_first, runs[0], side="right") - 1

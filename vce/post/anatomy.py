@@ -45,6 +45,12 @@ EMISSION_FLOOR = 1e-6  # numerical floor of probabilities inside the log (no eff
 REGION_ROWS = np.array([LABEL_INDEX[region] for region in REGIONS])
 
 
+def clipped_logits(probs: np.ndarray) -> np.ndarray:
+    """float64 logits of probabilities clipped to [EMISSION_FLOOR, 1 - EMISSION_FLOOR] (NaN reads 0.5)."""
+    p = np.clip(np.nan_to_num(probs.astype(np.float64), nan=0.5), EMISSION_FLOOR, 1 - EMISSION_FLOOR)
+    return np.log(p) - np.log1p(-p)
+
+
 def region_scores(region_probs: np.ndarray) -> np.ndarray:
     """(T, K) emission scores from (T, K) region probabilities; NaN rows (unobserved) score 0."""
     probs = np.maximum(np.nan_to_num(region_probs.astype(np.float64), nan=1.0), EMISSION_FLOOR)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vce.post.anatomy import clipped_logits
+
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
 BLOCK = 1024  # frames per scanned block of `two_state_path`
 
@@ -152,25 +154,26 @@ def two_state_path(scores: np.ndarray, forced_off: np.ndarray | None = None) -> 
     return path.ravel()[:n]
 
 
-def ar_runs(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
+def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) dense positions of label k's decoded runs on `timeline` (off on the
     separator before each video, so no run spans two; trimmed to their first and last observed
     frame; a run of unobserved positions only is dropped). Kept in the timeline's cache: the
     engine asks again for the runs it picked."""
-    return _cached(timeline, k, logits, model, bias)[:2]
+    return _cached(timeline, k, model, bias)[:2]
 
 
-def ar_run_strength(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> np.ndarray:
+def ar_run_strength(timeline, k: int, model: dict, bias: float) -> np.ndarray:
     """(R,) each of `ar_runs`' runs' log-likelihood ratio against the label being off there,
     per frame: entering at its start, staying on through it, leaving after its end (the switch
     probabilities included) — how sure the model is of the run, frame for frame."""
-    return _cached(timeline, k, logits, model, bias)[2]
+    return _cached(timeline, k, model, bias)[2]
 
 
-def _cached(timeline, k: int, logits: np.ndarray, model: dict, bias: float) -> tuple:
+def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
+    """Both, decoded once per (label, model, bias) on the logits of the timeline's probabilities."""
     key = ("ar", k, float(bias), tuple(sorted(model.items())))
     if key not in timeline.prob_cums:
-        timeline.prob_cums[key] = _decoded_runs(timeline, logits, model, bias)
+        timeline.prob_cums[key] = _decoded_runs(timeline, clipped_logits(timeline.probs[k]), model, bias)
     return timeline.prob_cums[key]
 
 

@@ -75,6 +75,7 @@ from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
 from vce.core.params import OddInt, Section
 from vce.eval.score import THRESHOLDS, average_precisions
 from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
+from vce.post.anatomy import clipped_logits as _logits
 from vce.post.arhmm import ar_run_strength, ar_runs, fit_ar_model
 from vce.post.events import Timeline, build_timeline, smooth_runs
 
@@ -179,11 +180,6 @@ class Engine:
 
 
 # ----------------------------------------------------------------------------- regions
-
-
-def _logits(probs: np.ndarray) -> np.ndarray:
-    p = np.clip(np.nan_to_num(probs.astype(np.float64), nan=0.5), EMISSION_FLOOR, 1 - EMISSION_FLOOR)
-    return np.log(p) - np.log1p(-p)
 
 
 def label_truth(timeline: Timeline, gt: dict) -> np.ndarray:
@@ -879,15 +875,13 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
                 yield spec, hysteresis_runs(timeline, k, threshold, ratio, window), None
     if not params.ar_runs:
         return
-    logits = _logits(timeline.probs[k])
-    model = fit_ar_model(logits, truth)
+    model = fit_ar_model(_logits(timeline.probs[k]), truth)
     if model is None or model["separation"] < params.ar_min_separation:
         return
     for bias in params.ar_biases:
         spec = {"detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1, "ar_model": model,
                 "ar_bias": float(bias)}
-        yield (spec, ar_runs(timeline, k, logits, model, float(bias)),
-               ar_run_strength(timeline, k, logits, model, float(bias)))
+        yield spec, ar_runs(timeline, k, model, float(bias)), ar_run_strength(timeline, k, model, float(bias))
 
 
 def _best_gate(features: dict, per_video: np.ndarray, silent: np.ndarray, names) -> tuple:
@@ -1021,9 +1015,8 @@ def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: n
     k = LABEL_INDEX[label]
     runs = strength = None
     if spec["detector"] == "ar":
-        logits = _logits(timeline.probs[k])
-        runs = ar_runs(timeline, k, logits, spec["ar_model"], spec["ar_bias"])
-        strength = ar_run_strength(timeline, k, logits, spec["ar_model"], spec["ar_bias"])
+        runs = ar_runs(timeline, k, spec["ar_model"], spec["ar_bias"])
+        strength = ar_run_strength(timeline, k, spec["ar_model"], spec["ar_bias"])
     return run_candidates(timeline, k, spec["threshold"], spec["median_window"], spec["min_length"], top_k, runs,
                           ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"),
                           strength=strength)
