@@ -955,8 +955,9 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     # The region gates again, now with the variants and cut pieces appended, each region's
     # pieces in the order (`cut_orders`) that scores best on the tuning videos.
     best: dict = {}
+    _, cuts, shadow = _label_candidates(timeline, engine, path)
     for order in params.cut_orders:
-        candidates = _all_candidates(timeline, engine, path, gate_regions=False, order=order)
+        candidates = _region_candidates_all(timeline, engine, path, cuts, shadow, order)
         for region in REGIONS:
             c = candidates[region]
             gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
@@ -1032,10 +1033,15 @@ def _cut_times(candidates) -> dict:
     return {v: sorted(times) for v, times in cuts.items()}
 
 
-def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_regions: bool = True,
-                    order: str | None = None) -> dict:
-    """Gated candidates of every label: findings and landmarks first, regions cut at their events
-    (their pieces in each region policy's `cut_order`, or in `order` for every region)."""
+def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> dict:
+    """Gated candidates of every label: findings and landmarks first, regions cut at their events."""
+    out, cuts, shadow = _label_candidates(timeline, engine, path)
+    return {**out, **_region_candidates_all(timeline, engine, path, cuts, shadow)}
+
+
+def _label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> tuple[dict, dict | None, dict | None]:
+    """(gated candidates of every emitted finding and landmark, the times their events cut the
+    regions at, the times the runs of labels left silent cut them at (`shadow_cuts`))."""
     out = {}
     for label in LABELS:
         policy = engine.policies[label]
@@ -1053,13 +1059,21 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, gate_r
         # The runs of labels left silent cut the regions too, after the emitted ones.
         shadow = _cut_times(_policy_runs(timeline, label, engine.policies[label]["shadow"], engine.top_k, path)
                             for label in LABELS if "shadow" in engine.policies[label])
+    return out, cuts, shadow
+
+
+def _region_candidates_all(timeline: Timeline, engine: Engine, path: np.ndarray, cuts, shadow,
+                           order: str | None = None) -> dict:
+    """Each region's candidates, cut at `cuts` and `shadow` (`_label_candidates`): gated, their
+    pieces in the policy's `cut_order`; or (`order`, while fitting) ungated, in that order."""
+    out = {}
     for state, region in enumerate(REGIONS):
         policy = engine.policies[region]
         if policy["kind"] == "off":
             continue
         c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts, shadow,
                               order or policy["cut_order"])
-        out[region] = gated(c, policy["gate"]) if gate_regions else c
+        out[region] = c if order else gated(c, policy["gate"])
     return out
 
 
