@@ -1,4 +1,4 @@
-"""Finding runs decoded by an autoregressive two-state HMM: steps placed to the frame in correlated noise.
+"""Finding runs decoded by an autoregressive HMM: steps placed to the frame in correlated noise.
 
 A frame model's errors persist from frame to frame (consecutive frames look alike), so a
 label's logit l_t is modelled as an AR(1) process whose level steps while the label is on
@@ -9,14 +9,18 @@ autoregression, with the switch in the intercept):
 
 (a step of height s in AR(1) noise gives b = s, g = -rho s; both are fitted freely). A threshold
 on l_t reads the level, which correlated noise moves far and slowly; the innovation u_t is
-small and white, so the step stands out at the frame where it happens. The states follow a
-Markov chain whose switch rates are the tuning ground truth's (each shifted by `bias` log-odds);
-the most probable path (Viterbi on the scores of consecutive state pairs) gives the runs.
+small and white, so the step stands out at the frame where it happens.
 
-- `fit_ar_model`: least squares over consecutive observed, labelled tuning frames.
+The on and off states are each made of length phases (`phase_chain`): geometric stretches
+whose mixture is fitted to the tuning ground truth's run and gap lengths (`fit_phases`). One
+switch rate per state would say that a gap lasts as long as the mean gap, hundreds of frames,
+so a new run a few frames after the last one costs as much as a run in a long silence; the
+ground truth's runs come in clusters, most gaps a few frames long. The most probable path
+(Viterbi over the phases, on the scores of consecutive on/off pairs) gives the runs.
+
+- `fit_ar_model`: least squares over consecutive observed, labelled tuning frames, and the phases.
 - `ar_runs`: the decoded runs of one label on a timeline, trimmed to their observed frames.
-- `two_state_path`: that Viterbi in numpy — max-plus products of 2x2 matrices, scanned inside
-  blocks and carried across them — O(P log B) work instead of a Python loop over P frames.
+- `chain_path`: that Viterbi, one frame at a time for all videos at once.
 
 On `bench.simulate` (AR(1) noise) this decoder lifts the held-out mAP far above thresholded
 runs; the engine still picks it per label only where it wins on the tuning videos.
@@ -24,21 +28,26 @@ runs; the engine still picks it per label only where it wins on the tuning video
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from vce.post.anatomy import clipped_logits
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
-BLOCK = 1024  # frames per scanned block of `two_state_path`
+PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
+EM_STEPS = 200  # EM iterations of `fit_phases`
+CHUNK = 2048  # frames whose scores `chain_path` lays out at once
 
 
-def fit_ar_model(logits: np.ndarray, truth: np.ndarray) -> dict | None:
+def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_phases: int = 1) -> dict | None:
     """The AR(1) switching model of one label, from (P,) logits and (P,) int8 truth (1 on, 0 off,
     -1 unobserved or unlabelled), or None with too few positive frames or runs.
 
     Returns a, b, g, rho, sigma (the module formula), the switch rates p01 (off -> on) and p10
-    (on -> off) with add-one smoothing, and `separation` = b / sigma (the step in innovation
-    units: the signal the decoder has to work with)."""
+    (on -> off) with add-one smoothing, `separation` = b / sigma (the step in innovation units:
+    the signal the decoder has to work with), and the length phases of the off gaps and the on
+    runs (`fit_phases`, `off_phases` and `on_phases` of them) that the decoder's chain is built of."""
     pairs = np.flatnonzero((truth[1:] >= 0) & (truth[:-1] >= 0)) + 1  # t: both t - 1 and t labelled
     on, before = truth[pairs].astype(np.float64), truth[pairs - 1].astype(np.float64)
     starts = int(((before == 0) & (on == 1)).sum())
@@ -51,113 +60,144 @@ def fit_ar_model(logits: np.ndarray, truth: np.ndarray) -> dict | None:
     ends = int(((before == 1) & (on == 0)).sum())
     p01 = (starts + 1) / (float((before == 0).sum()) + 2)
     p10 = (ends + 1) / (float((before == 1).sum()) + 2)
-    return {"a": a, "b": b, "g": g, "rho": rho, "sigma": sigma, "p01": p01, "p10": p10, "separation": b / sigma}
+    off_lengths, on_lengths = state_lengths(truth)
+    return {"a": a, "b": b, "g": g, "rho": rho, "sigma": sigma, "p01": p01, "p10": p10, "separation": b / sigma,
+            "off_phases": fit_phases(off_lengths, off_phases, p01), "on_phases": fit_phases(on_lengths, on_phases, p10)}
 
 
-def pair_scores(logits: np.ndarray, observed: np.ndarray, model: dict, bias: float) -> np.ndarray:
-    """(4, P) log score of each (x_{t-1}, x_t) pair at t, rows 00, 01, 10, 11: the Gaussian
-    innovation's log density (up to a shared constant; 0 unless t and t - 1 are both observed)
-    plus the log switch probability (shifted by `bias` log-odds for both switches)."""
+def state_lengths(truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(off lengths, on lengths): the frames of each stretch of one state in (P,) int8 truth,
+    a stretch ending where the state changes or the truth stops (-1: unobserved, unlabelled)."""
+    labelled = truth >= 0
+    change = np.flatnonzero(np.diff(truth) != 0) + 1
+    edges = np.concatenate([[0], change, [len(truth)]])
+    value = truth[edges[:-1]]
+    lengths = np.diff(edges)
+    return lengths[(value == 0) & labelled[edges[:-1]]], lengths[value == 1]
+
+
+def fit_phases(lengths: np.ndarray, n: int, rate: float) -> list:
+    """[[weight, exit rate], ...]: `n` geometric phases whose mixture fits the stretch `lengths`
+    (maximum likelihood, by EM from the lengths' quantiles); one phase is [[1, rate]], the
+    add-one switch rate. Fewer than `PHASE_LENGTHS` lengths per phase: fewer phases."""
+    n = max(1, min(n, len(lengths) // PHASE_LENGTHS))
+    if n == 1:
+        return [[1.0, float(rate)]]
+    lengths = np.asarray(lengths, np.float64)
+    exit_rate = np.clip(1 / np.quantile(lengths, np.linspace(0.1, 0.9, n)), 1e-9, 1 - 1e-9)  # (n,) short to long
+    weight = np.full(n, 1 / n)
+    for _ in range(EM_STEPS):
+        # E: each length's responsibility per phase; M: the weighted geometric fits.
+        log_p = np.log(weight)[:, None] + np.log(exit_rate)[:, None] + (lengths - 1) * np.log1p(-exit_rate)[:, None]
+        share = np.exp(log_p - log_p.max(axis=0))
+        share /= share.sum(axis=0)
+        weight = share.sum(axis=1) / len(lengths)
+        exit_rate = np.clip(share.sum(axis=1) / (share @ lengths), 1e-9, 1 - 1e-9)
+    return [[float(w), float(p)] for w, p in zip(weight, exit_rate) if w > 0]
+
+
+def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> np.ndarray:
+    """(4, P) the Gaussian innovation's log density of each (x_{t-1}, x_t) pair at t, rows 00,
+    01, 10, 11 (up to a shared constant; 0 unless t and t - 1 are both observed)."""
     prev = np.empty_like(logits)
     prev[0], prev[1:] = logits[0], logits[:-1]
     both = observed.copy()
     both[0] = False
     both[1:] &= observed[:-1]
-    p01 = 1 / (1 + np.exp(-(np.log(model["p01"] / (1 - model["p01"])) + bias)))
-    p10 = 1 / (1 + np.exp(-(np.log(model["p10"] / (1 - model["p10"])) + bias)))
-    log_switch = np.log([[1 - p01, p01], [p10, 1 - p10]])
     scores = np.empty((4, len(logits)))
     base = logits - model["a"] - model["rho"] * prev
     for i in (0, 1):
         for j in (0, 1):
             z = (base - model["b"] * j - model["g"] * i) / model["sigma"]
-            scores[2 * i + j] = np.where(both, -0.5 * z * z, 0.0) + log_switch[i, j]
+            scores[2 * i + j] = np.where(both, -0.5 * z * z, 0.0)
     return scores
 
 
-def _scan_blocks(m: np.ndarray) -> np.ndarray:
-    """Inclusive max-plus prefix products inside each block: m (4, nb, B) -> (4, nb, B)
-    (Hillis-Steele doubling, ping-ponging between two buffers)."""
-    m, out = m.copy(), np.empty_like(m)
-    scratch = np.empty(m.shape[1:])
-    width = m.shape[2]
-    step = 1
-    while step < width:
-        out[:, :, :step] = m[:, :, :step]
-        tmp = scratch[:, step:]
-        for row, (i, j) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
-            # (p x q)[i, j] = max(p[i, 0] + q[0, j], p[i, 1] + q[1, j])
-            target = out[row, :, step:]
-            np.add(m[2 * i, :, :-step], m[j, :, step:], out=target)
-            np.add(m[2 * i + 1, :, :-step], m[2 + j, :, step:], out=tmp)
-            np.maximum(target, tmp, out=target)
-        m, out = out, m
-        step *= 2
-    return m
+def pair_scores(logits: np.ndarray, observed: np.ndarray, model: dict, bias: float) -> np.ndarray:
+    """(4, P) `innovation_scores` plus the two-state chain's log switch probabilities p01 and
+    p10 (each shifted by `bias` log-odds): what `ar_run_strength` weighs a run with."""
+    p01, p10 = _shifted(model["p01"], bias), _shifted(model["p10"], bias)
+    log_switch = np.log([1 - p01, p01, p10, 1 - p10])
+    return innovation_scores(logits, observed, model) + log_switch[:, None]
 
 
-def two_state_path(scores: np.ndarray, forced_off: np.ndarray | None = None) -> np.ndarray:
-    """(P,) int8 most probable state path of a two-state chain whose pair scores are `scores`
-    (4, P) (`pair_scores`; column 0 is ignored: the path starts off). `forced_off` (P,) bool:
-    positions that must be off. Ties go to the off state."""
-    n = scores.shape[1]
-    if n == 0:
-        return np.zeros(0, np.int8)
-    m = scores.astype(np.float64, copy=True)
-    m[:, 0] = [0.0, -np.inf, 0.0, -np.inf]  # enter frame 0 in the off state
-    if forced_off is not None:
-        m[1, forced_off] = -np.inf
-        m[3, forced_off] = -np.inf
-    # 1. Pad to whole blocks with max-plus identities (the state stays as it is).
-    width = min(BLOCK, n)
-    blocks = -(-n // width)
-    padded = np.empty((4, blocks * width))
-    padded[:, :n] = m
-    padded[:, n:] = np.array([0.0, -np.inf, -np.inf, 0.0])[:, None]
-    local = _scan_blocks(padded.reshape(4, blocks, width))  # (4, nb, B)
-    # 2. delta_t(j) = max_i carry(i) + local_t(i, j), the carry being delta at the previous block's end.
-    carry = np.zeros((blocks, 2))
-    state = np.array([0.0, -np.inf])
-    for k in range(blocks):
-        carry[k] = state
-        end = local[:, k, -1]
-        state = np.array([max(state[0] + end[0], state[1] + end[2]), max(state[0] + end[1], state[1] + end[3])])
-        state -= state.max()  # keep the numbers small; the argmaxes do not move
-    delta_off = np.maximum(carry[:, :1] + local[0], carry[:, 1:] + local[2]).ravel()  # (nb * B,)
-    delta_on = np.maximum(carry[:, :1] + local[1], carry[:, 1:] + local[3]).ravel()
-    # 3. Back-pointers: the state at t - 1 given the state at t.
-    back_off = np.zeros(blocks * width, np.int8)
-    back_on = np.zeros(blocks * width, np.int8)
-    back_off[1:] = delta_on[:-1] + padded[2, 1:] > delta_off[:-1] + padded[0, 1:]
-    back_on[1:] = delta_on[:-1] + padded[3, 1:] > delta_off[:-1] + padded[1, 1:]
-    # 4. Inside each block, compose the pointers from the block's last frame backwards: maps[t]
-    #    gives the state at t for each state at the block's last frame (suffix scan of maps).
-    take_off = back_off.reshape(blocks, width)[:, 1:]  # maps the state at t + 1 to the state at t
-    take_on = back_on.reshape(blocks, width)[:, 1:]
-    map_off = np.zeros((blocks, width), np.int8)  # state at t when the block ends off
-    map_on = np.ones((blocks, width), np.int8)
-    map_off[:, :-1], map_on[:, :-1] = take_off, take_on
-    step = 1
-    while step < width:
-        head_off, head_on = map_off[:, :-step], map_on[:, :-step]
-        tail_off, tail_on = map_off[:, step:], map_on[:, step:]
-        map_off[:, :-step], map_on[:, :-step] = (np.where(tail_off == 1, head_on, head_off),
-                                                 np.where(tail_on == 1, head_on, head_off))
-        step *= 2
-    # 5. Each block's last state, from the end backwards, then every frame from its block's maps.
-    path = np.empty((blocks, width), np.int8)
-    last = np.int8(delta_on[-1] > delta_off[-1])
-    for k in range(blocks - 1, -1, -1):
-        path[k] = map_on[k] if last else map_off[k]
-        first = k * width
-        last = back_on[first] if path[k, 0] else back_off[first]
-    return path.ravel()[:n]
+def phase_chain(model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log transition matrix (n, n), on (n,) bool) of the model's phase chain: its off phases
+    (longest first: state 0, where every video starts), then its on phases (`fit_phases`).
+
+    A phase (weight w, exit rate p) lasts a geometric number of frames of mean 1 / p; leaving
+    it enters a phase of the other state, picked by weight. So a gap is short or long as its
+    phase is, the way a label's ground truth holds clusters of runs a few frames apart and long
+    silences between them — which one geometric length (one switch rate) cannot say. Each exit
+    rate is shifted by `bias` log-odds. One phase each is the two-state chain of p01 and p10."""
+    off = sorted(model["off_phases"], key=lambda phase: phase[1])
+    on = model["on_phases"]
+    phases = [(w, _shifted(p, bias), False) for w, p in off] + [(w, _shifted(p, bias), True) for w, p in on]
+    log_trans = np.full((len(phases), len(phases)), -np.inf)
+    for i, (_, exit_rate, state) in enumerate(phases):
+        log_trans[i, i] = np.log1p(-exit_rate)
+        for j, (weight, _, other) in enumerate(phases):
+            if other != state:
+                log_trans[i, j] = np.log(exit_rate * weight)
+    return log_trans, np.array([state for _, _, state in phases])
+
+
+def _shifted(rate: float, bias: float) -> float:
+    return float(1 / (1 + np.exp(-(np.log(rate / (1 - rate)) + bias))))
+
+
+def chain_path(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, first, last) -> np.ndarray:
+    """(P,) int8 on/off of the most probable path of a phase chain through each video's positions
+    [first[v], last[v]], every video starting in state 0 (ties go to the lower state: off).
+
+    `emission` (4, P): the score of each (x_{t-1}, x_t) on/off pair at t, rows 00, 01, 10, 11
+    (`innovation_scores`); `log_trans` (n, n) and `on` (n,): `phase_chain`.
+
+    The textbook Viterbi recursion, one frame at a time but all videos at once (longest first,
+    so the videos still running are a prefix), the scores of `CHUNK` frames laid out together."""
+    n, x = len(on), np.asarray(on, np.int64)
+    pair = 2 * x[:, None] + x[None, :]  # (n, n) emission row of a state pair
+    path = np.zeros(emission.shape[1], np.int8)
+    lengths = np.asarray(last, np.int64) - np.asarray(first, np.int64) + 1
+    if len(lengths) == 0:
+        return path
+    order = np.argsort(-lengths, kind="stable")
+    starts, lengths = np.asarray(first, np.int64)[order], lengths[order]
+    n_videos, longest = len(lengths), int(lengths[0])
+    running = np.searchsorted(-lengths, -np.arange(longest), side="left")  # videos longer than t
+    # 1. Forward: delta[v, j], the best score of a path of video v in state j at t; back[t, v, j]
+    #    its state at t - 1.
+    delta = np.full((n_videos, n), -np.inf)
+    delta[:, 0] = 0.0
+    back = np.zeros((longest, n_videos, n), np.int8)
+    for chunk in range(1, longest, CHUNK):
+        stop, width = min(chunk + CHUNK, longest), int(running[chunk])
+        positions = np.minimum(starts[None, :width] + np.arange(chunk, stop)[:, None], len(path) - 1)
+        scores = (emission[:, positions][pair] + log_trans[:, :, None, None]).transpose(2, 3, 0, 1)  # (L, V, n, n)
+        scores = np.ascontiguousarray(scores)
+        for t in range(chunk, stop):
+            width = int(running[t])
+            options = delta[:width, :, None] + scores[t - chunk, :width]  # (V, n_i, n_j)
+            back[t, :width] = options.argmax(axis=1)
+            delta[:width] = options.max(axis=1)
+    # 2. Backward from each video's best last state.
+    state = delta.argmax(axis=1)
+    states = np.empty((longest, n_videos), np.int8)
+    rows = np.arange(n_videos)
+    for t in range(longest - 1, -1, -1):
+        width = int(running[t])
+        states[t, :width] = state[:width]
+        if t:
+            state[:width] = back[t, rows[:width], state[:width]]
+    for v in range(n_videos):
+        path[starts[v]:starts[v] + lengths[v]] = x[states[:lengths[v], v]]
+    return path
 
 
 def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) dense positions of label k's decoded runs on `timeline` (off on the
-    separator before each video, so no run spans two; trimmed to their first and last observed
-    frame; a run of unobserved positions only is dropped). Kept in the timeline's cache: the
+    """(starts, ends) dense positions of label k's decoded runs on `timeline` (each video decoded
+    on its own, from off at the position before its first frame, so no run spans two; trimmed to their first and
+    last observed frame; a run of unobserved positions only is dropped). Kept in the timeline's cache: the
     engine asks again for the runs it picked."""
     return _cached(timeline, k, model, bias)[:2]
 
@@ -171,7 +211,7 @@ def ar_run_strength(timeline, k: int, model: dict, bias: float) -> np.ndarray:
 
 def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
     """Both, decoded once per (label, model, bias) on the logits of the timeline's probabilities."""
-    key = ("ar", k, float(bias), tuple(sorted(model.items())))
+    key = ("ar", k, float(bias), json.dumps(model, sort_keys=True))
     if key not in timeline.prob_cums:
         timeline.prob_cums[key] = _decoded_runs(timeline, clipped_logits(timeline.probs[k]), model, bias)
     return timeline.prob_cums[key]
@@ -179,11 +219,12 @@ def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
 
 def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     observed = timeline.observed
-    forced = np.zeros(len(observed), bool)
-    forced[np.maximum(np.asarray(timeline.video_first) - 1, 0)] = True
-    scores = pair_scores(logits, observed, model, bias)
-    path = two_state_path(scores, forced)
-    edges = np.diff((path == 1).view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    # Each video from the (unobserved) position before its first frame, off there, to the next one's.
+    first = np.asarray(timeline.video_first, np.int64) - 1
+    last = np.append(first[1:] - 1, len(observed) - 1)
+    log_trans, on = phase_chain(model, bias)
+    path = chain_path(innovation_scores(logits, observed, model), log_trans, on, first, last)
+    edges = np.diff(path, prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
     positions = np.arange(len(observed))
     next_seen = np.minimum.accumulate(np.where(observed, positions, len(observed))[::-1])[::-1]
@@ -191,6 +232,7 @@ def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tup
     starts, ends = next_seen[starts], last_seen[ends]
     keep = starts <= ends
     starts, ends = starts[keep], ends[keep]
+    scores = pair_scores(logits, observed, model, bias)
     stay = np.concatenate([[0.0], np.cumsum(scores[3] - scores[0])])  # on -> on against off -> off
     after = np.minimum(ends + 1, len(observed) - 1)
     ratio = (scores[1, starts] - scores[0, starts]) + (stay[ends + 1] - stay[starts + 1]) + \

@@ -33,9 +33,9 @@ decomposes the same way (one label's events never change another label's AP):
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
    absent), thresholded (with hysteresis: a run starts at the threshold and lasts while
    above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, and
-   (`ar_runs`) the runs of an autoregressive two-state HMM fitted on the tuning frames
+   (`ar_runs`) the runs of an autoregressive HMM fitted on the tuning frames
    (`vce.post.arhmm`: a step in AR(1) logit noise, placed to the frame where a threshold on the
-   level is not), ranked by mean probability, at most `top_k` per video, optionally only inside the decoded regions that
+   level is not, with run and gap lengths drawn from phases fitted to the tuning ground truth), ranked by mean probability, at most `top_k` per video, optionally only inside the decoded regions that
    hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
    `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
    the tuning ground truth and chosen only if they win when learned on the other half of the
@@ -108,8 +108,10 @@ class EngineParams(Section):
     median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
     hysteresis: list[Annotated[float, Field(gt=0, le=1)]] = Field(min_length=1)  # findings/landmarks: low/high threshold ratios tried (1: no hysteresis)
-    ar_runs: bool  # findings/landmarks: also try the runs an autoregressive two-state HMM decodes (vce/post/arhmm.py)
-    ar_biases: list[float] = Field(min_length=1)  # ar_runs: log-odds added to both switch rates of the tuning ground truth (0: as learned)
+    ar_runs: bool  # findings/landmarks: also try the runs an autoregressive HMM decodes (vce/post/arhmm.py)
+    ar_biases: list[float] = Field(min_length=1)  # ar_runs: log-odds added to every exit rate of its length phases (0: as learned)
+    ar_off_phases: int = Field(ge=1)  # ar_runs: geometric length phases fitted to the tuning ground truth's gaps (1: one switch rate)
+    ar_on_phases: int = Field(ge=1)  # ar_runs: ... and to its runs
     ar_min_separation: float = Field(ge=0)  # ar_runs: only labels whose fitted step is at least this many innovation standard deviations
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
@@ -128,6 +130,7 @@ class EngineParams(Section):
 RUNS_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions", "shares", "gate", "evidence")
 # ... and what decodes its runs: `threshold` (hysteresis_runs) or `ar` (vce.post.arhmm, with these).
 AR_KEYS = ("ar_model", "ar_bias")
+AR_MODEL_KEYS = ("a", "b", "g", "rho", "sigma", "p01", "p10", "off_phases", "on_phases")  # its `ar_model`
 SPEC_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions")  # a shadow run spec
 REGION_KEYS = ("gate", "variants", "cut_order")  # what a region policy holds
 
@@ -173,6 +176,8 @@ class Engine:
             for spec, needed in specs:
                 needed += AR_KEYS if spec.get("detector") == "ar" else ()
                 lacking = [key for key in needed if key not in spec]
+                if spec.get("detector") == "ar" and isinstance(spec.get("ar_model"), dict):
+                    lacking += [f"ar_model.{key}" for key in AR_MODEL_KEYS if key not in spec["ar_model"]]
                 if lacking:
                     raise DataError(f"{where}: the {label!r} policy lacks {lacking}: fitted by an older version, "
                                     "rerun the thresholds stage")
@@ -875,7 +880,7 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
                 yield spec, hysteresis_runs(timeline, k, threshold, ratio, window), None
     if not params.ar_runs:
         return
-    model = fit_ar_model(_logits(timeline.probs[k]), truth)
+    model = fit_ar_model(_logits(timeline.probs[k]), truth, params.ar_off_phases, params.ar_on_phases)
     if model is None or model["separation"] < params.ar_min_separation:
         return
     for bias in params.ar_biases:
