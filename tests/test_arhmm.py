@@ -108,14 +108,21 @@ def test_stretch_lengths_end_where_the_state_changes_or_the_truth_stops():
     assert off.tolist() == [2, 1, 3] and on.tolist() == [3, 1, 2]
 
 
-def test_the_phases_recover_a_mixture_of_two_geometric_lengths():
+@pytest.mark.parametrize("short, long", [(4, 400), (5, 40)])
+def test_the_phases_recover_a_mixture_of_two_geometric_lengths(short, long):
     rng = np.random.default_rng(4)
-    lengths = np.r_[rng.geometric(1 / 4, 7000), rng.geometric(1 / 400, 3000)]
+    lengths = np.r_[rng.geometric(1 / short, 7000), rng.geometric(1 / long, 3000)]
     (w_short, p_short), (w_long, p_long) = fit_phases(lengths, 2, rate=0.5)
     assert w_short == pytest.approx(0.7, abs=0.02) and w_long == pytest.approx(0.3, abs=0.02)
-    assert 1 / p_short == pytest.approx(4, rel=0.05) and 1 / p_long == pytest.approx(400, rel=0.05)
+    assert 1 / p_short == pytest.approx(short, rel=0.05) and 1 / p_long == pytest.approx(long, rel=0.05)
     assert fit_phases(lengths, 1, rate=0.5) == [[1.0, 0.5]]  # one phase: the add-one switch rate as given
     assert len(fit_phases(lengths[:25], 3, rate=0.5)) == 2  # 10 lengths per phase at least
+    # A length far beyond every phase it starts from (log-likelihoods of -1e7): still a finite fit.
+    phases = fit_phases(np.r_[np.ones(30), np.full(30, 2.0), [100_000.0]], 2, rate=0.5)
+    assert len(phases) == 2 and np.isfinite(phases).all() and 1 / phases[1][1] > 1000
+    # A phase of one-frame stretches only: its exit rate stays below 1 (a log of 0 would make it NaN).
+    phases = fit_phases(np.r_[np.ones(40), np.full(40, 50.0)], 2, rate=0.5)
+    assert np.isfinite(phases).all() and phases[0][1] == pytest.approx(1.0) and phases[0][1] < 1.0
 
 
 def test_phases_place_clustered_runs_where_one_switch_rate_merges_them():
@@ -255,6 +262,23 @@ def test_runs_stop_at_the_video_and_at_their_last_observed_frame():
     spans = [(int(v), int(timeline.time[a]), int(timeline.time[b])) for v, a, b in zip(video, starts, ends)]
     assert spans == [(0, 20, 29), (1, 0, 4), (1, 9, 9)]
     assert timeline.observed[starts].all() and timeline.observed[ends].all()
+
+
+def test_a_run_at_the_end_of_a_video_stays_out_of_the_next_longer_one():
+    """One separator position between the videos (max_reach 0); the shorter first video ends on,
+    the longer second one starts off: each video's path is its own."""
+    frame_probs = pd.concat([pd.DataFrame({"video_id": "v0", "t": np.arange(20)}),
+                             pd.DataFrame({"video_id": "v1", "t": np.arange(40)})], ignore_index=True)
+    for label in LABELS:
+        frame_probs[label] = np.float32(0.02)
+    logits = np.r_[np.full(15, -4.0), np.full(5, 3.0), np.full(40, -4.0)]
+    frame_probs["blood"] = (1 / (1 + np.exp(-logits))).astype(np.float32)
+    timeline = build_timeline(frame_probs, max_reach=0)
+    model = {"a": -0.4, "b": 7.0, "g": -6.3, "rho": 0.9, "sigma": 0.3, "p01": 0.05, "p10": 0.05,
+             "off_phases": [[1.0, 0.05]], "on_phases": [[1.0, 0.05]]}
+    starts, ends = ar_runs(timeline, BLOOD, model, 0.0)
+    video = np.searchsorted(timeline.video_first, starts, side="right") - 1
+    assert [(int(v), int(timeline.time[a]), int(timeline.time[b])) for v, a, b in zip(video, starts, ends)] == [(0, 15, 19)]
 
 
 def test_each_switch_bias_is_decoded_on_its_own():

@@ -93,7 +93,7 @@ def fit_phases(lengths: np.ndarray, n: int, rate: float) -> list:
         share /= share.sum(axis=0)
         weight = share.sum(axis=1) / len(lengths)
         exit_rate = np.clip(share.sum(axis=1) / (share @ lengths), 1e-9, 1 - 1e-9)
-    return [[float(w), float(p)] for w, p in zip(weight, exit_rate) if w > 0]
+    return [[float(w), float(p)] for w, p in zip(weight, exit_rate)]
 
 
 def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> np.ndarray:
@@ -204,8 +204,9 @@ def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.
 
 def ar_run_strength(timeline, k: int, model: dict, bias: float) -> np.ndarray:
     """(R,) each of `ar_runs`' runs' log-likelihood ratio against the label being off there,
-    per frame: entering at its start, staying on through it, leaving after its end (the switch
-    probabilities included) — how sure the model is of the run, frame for frame."""
+    per frame: entering at its start, staying on through it, leaving after its end (with the
+    two-state switch probabilities p01 and p10, `pair_scores`) — how sure the model is of the
+    run, frame for frame."""
     return _cached(timeline, k, model, bias)[2]
 
 
