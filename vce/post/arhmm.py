@@ -196,9 +196,9 @@ def chain_path(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, firs
 
 def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) dense positions of label k's decoded runs on `timeline` (each video decoded
-    on its own, from off at the position before its first frame, so no run spans two; trimmed to their first and
-    last observed frame; a run of unobserved positions only is dropped). Kept in the timeline's cache: the
-    engine asks again for the runs it picked."""
+    on its own, from off at the position before its first frame, so no run spans two; trimmed
+    to their first and last observed frame; a run of unobserved positions only is dropped).
+    Kept in the timeline's cache: the engine asks again for the runs it picked."""
     return _cached(timeline, k, model, bias)[:2]
 
 
