@@ -17,7 +17,7 @@ from vce.post.arhmm import (
     chain_path,
     fit_ar_model,
     fit_phases,
-    pair_scores,
+    innovation_scores,
     phase_chain,
     state_lengths,
 )
@@ -191,20 +191,17 @@ def test_switch_rates_are_counted_with_add_one_smoothing_and_too_little_truth_gi
     assert fit_ar_model(logits, one_run) is None
 
 
-def test_pair_scores_are_the_innovation_density_plus_the_biased_switch_log_probabilities():
-    model = {"a": 0.5, "b": 2.0, "g": -1.5, "rho": 0.8, "sigma": 0.5, "p01": 0.01, "p10": 0.2}
+def test_innovation_scores_are_the_gaussian_log_density_of_each_state_pair():
+    model = {"a": 0.5, "b": 2.0, "g": -1.5, "rho": 0.8, "sigma": 0.5}
     logits = np.array([0.0, 1.0, 3.0, 0.0])
     observed = np.array([True, True, True, False])
-    scores = pair_scores(logits, observed, model, bias=1.0)
-    p01, p10 = 1 / (1 + (1 - 0.01) / 0.01 * np.exp(-1.0)), 1 / (1 + (1 - 0.2) / 0.2 * np.exp(-1.0))
-    log_switch = np.log([1 - p01, p01, p10, 1 - p10])
+    scores = innovation_scores(logits, observed, model)
     # t = 2: l = 3 after l = 1; mean a + b j + g i + rho * 1.
     for row, (i, j) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
         mean = 0.5 + 2.0 * j - 1.5 * i + 0.8 * 1.0
-        assert scores[row, 2] == pytest.approx(-0.5 * ((3.0 - mean) / 0.5) ** 2 + log_switch[row])
-    # t = 0 (no frame before) and t = 3 (unobserved): the switch probabilities alone.
-    np.testing.assert_allclose(scores[:, 0], log_switch)
-    np.testing.assert_allclose(scores[:, 3], log_switch)
+        assert scores[row, 2] == pytest.approx(-0.5 * ((3.0 - mean) / 0.5) ** 2)
+    # t = 0 (no frame before) and t = 3 (unobserved): no evidence either way.
+    np.testing.assert_array_equal(scores[:, [0, 3]], np.zeros((4, 2)))
 
 
 def _ar_videos(n_videos, seed, rho=0.9, step=3.0):
@@ -379,11 +376,16 @@ def test_run_strength_is_the_runs_log_likelihood_ratio_against_off_per_frame():
         {"start": a, "end": a + 5, "label": ["blood"]} for a in range(100, 2900, 200)]}]})[BLOOD])
     starts, ends = ar_runs(timeline, BLOOD, model, 0.0)
     strength = ar_run_strength(timeline, BLOOD, model, 0.0)
-    scores = pair_scores(observed_logits, timeline.observed, model, 0.0)
+    prev = np.r_[observed_logits[0], observed_logits[:-1]]
+
+    def density(t, i, j):  # the innovation's log density of the pair (i, j) at t
+        mean = model["a"] + model["b"] * j + model["g"] * i + model["rho"] * prev[t]
+        return -0.5 * ((observed_logits[t] - mean) / model["sigma"]) ** 2
+
     for s, e, value in zip(starts, ends, strength):
-        # The path with the run minus the all-off path, pair by pair, over the run's frames.
-        with_run = scores[1, s] + scores[3, s + 1:e + 1].sum() + scores[2, e + 1]
-        without = scores[0, s:e + 2].sum()
+        # The path with the run minus the all-off path, pair by pair over the run's frames, no switch prior.
+        with_run = density(s, 0, 1) + sum(density(t, 1, 1) for t in range(s + 1, e + 1)) + density(e + 1, 1, 0)
+        without = sum(density(t, 0, 0) for t in range(s, e + 2))
         assert value == pytest.approx((with_run - without) / (e - s + 1))
     assert len(starts) >= 10
 

@@ -113,14 +113,6 @@ def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> 
     return scores
 
 
-def pair_scores(logits: np.ndarray, observed: np.ndarray, model: dict, bias: float) -> np.ndarray:
-    """(4, P) `innovation_scores` plus the two-state chain's log switch probabilities p01 and
-    p10 (each shifted by `bias` log-odds): what `ar_run_strength` weighs a run with."""
-    p01, p10 = _shifted(model["p01"], bias), _shifted(model["p10"], bias)
-    log_switch = np.log([1 - p01, p01, p10, 1 - p10])
-    return innovation_scores(logits, observed, model) + log_switch[:, None]
-
-
 def phase_chain(model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
     """(log transition matrix (n, n), on (n,) bool) of the model's phase chain: its off phases
     (longest first: state 0, where every video starts), then its on phases (`fit_phases`).
@@ -204,9 +196,10 @@ def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.
 
 def ar_run_strength(timeline, k: int, model: dict, bias: float) -> np.ndarray:
     """(R,) each of `ar_runs`' runs' log-likelihood ratio against the label being off there,
-    per frame: entering at its start, staying on through it, leaving after its end (with the
-    two-state switch probabilities p01 and p10, `pair_scores`) — how sure the model is of the
-    run, frame for frame."""
+    per frame, of the innovations alone: entering at its start, staying on through it, leaving
+    after its end — how clearly the logits say the run is there, frame for frame. The length
+    prior is left out: amortised over a run, its switch costs would rank every short run last,
+    and short runs are the ones the decoder places to the frame most often."""
     return _cached(timeline, k, model, bias)[2]
 
 
@@ -224,7 +217,8 @@ def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tup
     first = np.asarray(timeline.video_first, np.int64) - 1
     last = np.append(first[1:] - 1, len(observed) - 1)
     log_trans, on = phase_chain(model, bias)
-    path = chain_path(innovation_scores(logits, observed, model), log_trans, on, first, last)
+    scores = innovation_scores(logits, observed, model)  # (4, P)
+    path = chain_path(scores, log_trans, on, first, last)
     edges = np.diff(path, prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
     positions = np.arange(len(observed))
@@ -233,7 +227,6 @@ def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tup
     starts, ends = next_seen[starts], last_seen[ends]
     keep = starts <= ends
     starts, ends = starts[keep], ends[keep]
-    scores = pair_scores(logits, observed, model, bias)
     stay = np.concatenate([[0.0], np.cumsum(scores[3] - scores[0])])  # on -> on against off -> off
     after = np.minimum(ends + 1, len(observed) - 1)
     ratio = (scores[1, starts] - scores[0, starts]) + (stay[ends + 1] - stay[starts + 1]) + \
