@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
 
@@ -135,7 +136,7 @@ def phase_chain(model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _shifted(rate: float, bias: float) -> float:
-    return float(1 / (1 + np.exp(-(np.log(rate / (1 - rate)) + bias))))
+    return float(expit(logit(rate) + bias))
 
 
 def chain_path(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, first, last) -> np.ndarray:

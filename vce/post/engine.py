@@ -35,7 +35,9 @@ decomposes the same way (one label's events never change another label's AP):
    above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, and
    (`ar_runs`) the runs of an autoregressive HMM fitted on the tuning frames
    (`vce.post.arhmm`: a step in AR(1) logit noise, placed to the frame where a threshold on the
-   level is not, with run and gap lengths drawn from phases fitted to the tuning ground truth), ranked by mean probability, at most `top_k` per video, optionally only inside the decoded regions that
+   level is not, with run and gap lengths drawn from phases fitted to the tuning ground truth);
+   thresholded runs ranked by mean probability, decoded ones by their strength
+   (`ar_run_strength`), at most `top_k` per video, optionally only inside the decoded regions that
    hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
    `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
    the tuning ground truth and chosen only if they win when learned on the other half of the
