@@ -12,9 +12,11 @@ import vce.post.arhmm as arhmm
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
 from vce.post.arhmm import (
+    ar_posterior_runs,
     ar_run_strength,
     ar_runs,
     chain_path,
+    chain_posterior,
     fit_ar_model,
     fit_phases,
     innovation_scores,
@@ -68,6 +70,57 @@ def test_the_chain_path_is_the_frame_by_frame_viterbi_path_of_every_video(monkey
             np.testing.assert_array_equal(chain_path(emission, log_trans, on, first, last),
                                           _viterbi_loop(emission, log_trans, on, first, last))
     assert chain_path(np.zeros((4, 3)), np.zeros((2, 2)), np.array([False, True]), [], []).tolist() == [0, 0, 0]
+
+
+def _posterior_by_enumeration(emission, log_trans, on, first, last):
+    """P(on) at each position by summing every path of every video (each from state 0)."""
+    import itertools
+
+    x = np.asarray(on, np.int64)
+    out = np.zeros(emission.shape[1])
+    for a, b in zip(first, last):
+        total, mass = 0.0, np.zeros(b - a + 1)
+        for tail in itertools.product(range(len(on)), repeat=b - a):
+            states = (0,) + tail
+            score = sum(log_trans[i, j] + emission[2 * x[i] + x[j], a + t + 1]
+                        for t, (i, j) in enumerate(zip(states, states[1:])))
+            weight = np.exp(score)
+            total += weight
+            mass += weight * x[list(states)]
+        out[a:b + 1] = mass / total
+    return out
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 64])
+def test_the_chain_posterior_is_the_sum_over_every_path_of_every_video(block):
+    rng = np.random.default_rng(block)
+    model = {"off_phases": [[0.6, 0.3], [0.4, 0.02]], "on_phases": [[0.7, 0.4], [0.3, 0.05]]}
+    log_trans, on = phase_chain(model, 0.0)
+    emission = rng.normal(0, 2, (4, 17))
+    emission[:, 0] = 0.0
+    first, last = np.array([1, 7, 8, 12]), np.array([6, 7, 11, 16])  # a video of one position (8 .. 11: 4)
+    expected = _posterior_by_enumeration(emission, log_trans, on, first, last)
+    got = chain_posterior(emission, log_trans, on, first, last, block=block)
+    assert np.allclose(got[1:], expected[1:], atol=1e-12)
+    assert (got[first] == 0).all()  # every video starts off
+
+
+def test_the_chain_posterior_survives_scores_no_path_explains():
+    """Scores thousands of nats apart (outlier frames): the floor keeps every message finite, and
+    the posterior is the paths' own answer: on at 499 (nothing from off fits 500), off at 899
+    (nothing from on fits 900), one switch on in 1..499 and one off in 500..899, anywhere alike."""
+    model = {"off_phases": [[1.0, 1e-9]], "on_phases": [[1.0, 1e-9]]}
+    log_trans, on = phase_chain(model, 0.0)
+    emission = np.zeros((4, 2000))
+    emission[[0, 1], 500] = -5000.0  # from off, nothing fits frame 500
+    emission[[2, 3], 900] = -5000.0  # from on, nothing fits frame 900
+    got = chain_posterior(emission, log_trans, on, [0], [1999], block=64)
+    assert np.isfinite(got).all()
+    contradiction = emission.copy()
+    contradiction[[1, 3], 1500] = -5000.0  # nothing enters on at 1500 ...
+    contradiction[[0, 1], 1501] = -5000.0  # ... and nothing leaves off at 1501: no path at all
+    assert np.isfinite(chain_posterior(contradiction, log_trans, on, [0], [1999], block=64)).all()
+    assert got[[250, 499, 700, 899, 1500]] == pytest.approx([0.5, 1.0, 0.5, 0.0, 0.0], abs=0.01)
 
 
 def test_ties_go_to_the_off_state():
@@ -288,23 +341,33 @@ def test_each_switch_bias_is_decoded_on_its_own():
 
 
 def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policies():
-    frame_probs, gt = _ar_videos(6, seed=7)
+    frame_probs, gt = _ar_videos(6, seed=7, step=1.5)  # a step the posterior is unsure of here and there
     params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     policy = engine.policies["blood"]
     assert policy["kind"] == "runs" and policy["detector"] == "ar" and policy["ar_model"]["separation"] > 2.0
     assert (len(policy["ar_model"]["off_phases"]), len(policy["ar_model"]["on_phases"])) == (3, 2)  # params.yaml's
+    assert policy["ar_levels"] == [0.1, 0.3, 0.5, 0.7, 0.9]  # params.yaml's
     submission, _ = engine_submission(frame_probs, engine)
     saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
     assert engine_submission(frame_probs, saved)[0] == submission
+    # Its events are the decoded runs, then the posterior runs (none without levels).
+    bare = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
+    bare.policies["blood"]["ar_levels"] = []
+    blood = [[(e["start"], e["end"]) for e in v["events"] if e["label"] == ["blood"]]
+             for sub in (submission, engine_submission(frame_probs, bare)[0]) for v in sub["videos"]]
+    with_levels, without = blood[:6], blood[6:]
+    assert all(a[:len(b)] == b for a, b in zip(with_levels, without))
+    assert sum(len(a) - len(b) for a, b in zip(with_levels, without)) > 0
     # Below the separation bar the label is not decoded at all; the threshold grid decides.
     single = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=0.0, ar_off_phases=1, ar_on_phases=1)
     model = fit_engine(tuning_timeline(frame_probs, single), gt, single).policies["blood"]["ar_model"]
     assert model["off_phases"] == [[1.0, model["p01"]]] and model["on_phases"] == [[1.0, model["p10"]]]
     strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_per_video=0.0)
     assert fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"].get("detector") != "ar"
-    # An engine from before the decoder (no "detector"), or an ar policy without its model, is refused.
-    for drop in ("detector", "ar_model"):
+    # An engine from before the decoder (no "detector"), or an ar policy without its model or its
+    # posterior levels, is refused.
+    for drop in ("detector", "ar_model", "ar_levels"):
         data = json.loads(json.dumps(engine.to_dict()))
         del data["policies"]["blood"][drop]
         with pytest.raises(DataError, match=rf"'blood' policy lacks \['{drop}'\].*rerun the thresholds stage"):
@@ -388,6 +451,61 @@ def test_run_strength_is_the_runs_log_likelihood_ratio_against_off_per_frame():
         without = sum(density(t, 0, 0) for t in range(s, e + 2))
         assert value == pytest.approx((with_run - without) / (e - s + 1))
     assert len(starts) >= 10
+
+
+def test_posterior_runs_are_the_runs_above_each_level_that_the_path_did_not_decode():
+    frame_probs, gt = _ar_videos(3, seed=17, step=1.5)  # a weak step: uncertain ends
+    timeline = build_timeline(frame_probs, max_reach=8)
+    model = fit_ar_model(_logits(timeline.probs[BLOOD]), label_truth(timeline, gt)[BLOOD], 3, 2)
+    levels = [0.2, 0.5, 0.8]
+    starts, ends, strength = ar_posterior_runs(timeline, BLOOD, model, 0.0, levels)
+    first = np.asarray(timeline.video_first) - 1
+    last = np.append(first[1:] - 1, len(timeline.observed) - 1)
+    log_trans, on = phase_chain(model, 0.0)
+    scores = innovation_scores(_logits(timeline.probs[BLOOD]), timeline.observed, model)
+    posterior = chain_posterior(scores, log_trans, on, first, last)
+    decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, BLOOD, model, 0.0))))
+    expected = []
+    for level in levels:
+        above = np.r_[False, posterior > level, False]
+        for a, b in zip(np.flatnonzero(~above[:-1] & above[1:]), np.flatnonzero(above[:-1] & ~above[1:]) - 1):
+            if (a, b) not in decoded and (a, b) not in expected:
+                expected.append((int(a), int(b)))
+    assert list(zip(starts.tolist(), ends.tolist())) == expected and len(expected) >= 10
+    assert len(decoded & set(expected)) == 0
+    # ... with the decoded runs' strength: their log-likelihood ratio per frame.
+    both = np.r_[ar_runs(timeline, BLOOD, model, 0.0)[0], starts], np.r_[ar_runs(timeline, BLOOD, model, 0.0)[1], ends]
+    assert np.allclose(strength, arhmm._strength(scores, starts, ends))
+    assert len(both[0]) == len(decoded) + len(expected)
+
+
+def test_posterior_runs_follow_a_videos_decoded_runs_up_to_top_k_and_never_cut_or_gate():
+    frame_probs, gt = _ar_videos(2, seed=19, step=1.5)
+    timeline = build_timeline(frame_probs, max_reach=8)
+    model = fit_ar_model(_logits(timeline.probs[BLOOD]), label_truth(timeline, gt)[BLOOD], 3, 2)
+    runs, strength = ar_runs(timeline, BLOOD, model, 0.0), ar_run_strength(timeline, BLOOD, model, 0.0)
+    alternatives = ar_posterior_runs(timeline, BLOOD, model, 0.0, [0.2, 0.5, 0.8])
+    plain = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs, strength=strength)
+    more = run_candidates(timeline, BLOOD, None, 1, 1, 500, runs, strength=strength, alternatives=alternatives)
+    video = np.searchsorted(timeline.video_first, alternatives[0], side="right") - 1
+    for v in range(2):
+        mine = video == v
+        order = np.argsort(-alternatives[2][mine], kind="stable")
+        spans = list(zip(timeline.time[alternatives[0][mine]].tolist(), timeline.time[alternatives[1][mine]].tolist()))
+        assert more.events[v] == plain.events[v] + [spans[i] for i in order] and len(order) >= 3
+    assert more.clinical == plain.clinical  # the clean list (and the region cuts) hold the decoded runs only
+    assert np.array_equal(more.evidence, plain.evidence)
+    for name in plain.features:
+        assert np.array_equal(more.features[name], plain.features[name])
+    capped = run_candidates(timeline, BLOOD, None, 1, 1, len(plain.events[0]) + 2, runs, strength=strength,
+                            alternatives=alternatives)
+    assert capped.events[0] == more.events[0][:len(plain.events[0]) + 2]
+    longer = run_candidates(timeline, BLOOD, None, 1, 4, 500, runs, strength=strength, alternatives=alternatives)
+    assert all(b - a + 1 >= 4 for a, b in longer.events[0])
+    # A video without a decoded run gets none of them.
+    none = run_candidates(timeline, BLOOD, None, 1, 1, 500, (runs[0][:0], runs[1][:0]), strength=strength[:0],
+                          alternatives=alternatives)
+    assert none.events == [[], []]
 
 
 def test_decoded_runs_are_ranked_by_their_strength_not_their_mean_probability():

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
 from vce.core.params import ParamsError, from_dict
-from vce.eval.score import check_submission, score
+from vce.eval.score import average_precisions, check_submission, score
 from vce.post.engine import (
     FROM_END,
     FROM_START,
     RUN,
     Engine,
+    LabelObjective,
     engine_submission,
     fit_engine,
     fit_gate,
@@ -57,6 +58,41 @@ def test_appending_candidates_to_a_present_label_never_lowers_its_ap(gt_spans, r
 def test_but_one_event_of_an_absent_label_costs_its_whole_ap():
     assert _one_label([], []) == (1.0, 1.0)
     assert _one_label([], [(3, 5)]) == (0.0, 0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gt_spans=st.lists(spans, min_size=3, max_size=3), pred_spans=st.lists(spans, min_size=3, max_size=3),
+       objective=st.sampled_from(["mean", "map@0.5", "map@0.95"]))
+def test_label_objective_scores_each_video_as_the_scorer_does(gt_spans, pred_spans, objective):
+    # Three videos; the third has no labelled event at all, so the scorer skips it (AP 0 here).
+    label = "blood"
+    gt = {"videos": [{"video_id": f"v{i}", "events": ([{"start": 0, "end": 90, "label": ["colon"]}] if i < 2 else [])
+                      + [{"start": a, "end": b, "label": [label, "ulcer"] if a % 2 else [label]}
+                         for a, b in (gt_spans[i] if i < 2 else [])]} for i in range(3)]}
+    timeline = build_timeline(pd.DataFrame({"video_id": ["v0", "v1", "v2"], "t": [0, 0, 0],
+                                            **{name: [0.5] * 3 for name in LABELS}}), "t")
+    got = LabelObjective(timeline, gt, objective).per_video(label, pred_spans)
+    pred = {"videos": [{"video_id": f"v{i}", "events": [{"start": a, "end": b, "label": [label]} for a, b in pred_spans[i]]}
+                       for i in range(3)]}
+    result = score(gt, pred)
+    weights = {"mean": (0.5, 0.5), "map@0.5": (1.0, 0.0), "map@0.95": (0.0, 1.0)}[objective]
+    want = [sum(w * score({"videos": [gt["videos"][i]]}, {"videos": [pred["videos"][i]]})[f"per_label@{t}"][label]
+                for w, t in zip(weights, (0.5, 0.95))) for i in range(2)] + [0.0]
+    assert np.allclose(got, want, atol=1e-12)
+    assert result["per_video@0.5"].keys() == {"v0", "v1"}
+
+
+def test_label_objective_leaves_spans_the_arrays_cannot_hold_to_the_scorers_definition():
+    gt = {"videos": [{"video_id": "v0", "events": [{"start": 0, "end": 90, "label": ["colon"]},
+                                                    {"start": 3, "end": 7, "label": ["blood"]}]}]}
+    timeline = build_timeline(pd.DataFrame({"video_id": ["v0"], "t": [0], **{name: [0.5] for name in LABELS}}), "t")
+    objective = LabelObjective(timeline, gt, "mean")
+    for spans in ([(7, 3), (3, 7)], [(3.0, 7.5), (3, 7)]):  # an end before its start; a float end
+        pred = {"videos": [{"video_id": "v0", "events": [{"start": a, "end": b, "label": ["blood"]} for a, b in spans]}]}
+        _, aps = average_precisions(gt, pred)
+        want = 0.5 * (aps[0.5][0, LABELS.index("blood")] + aps[0.95][0, LABELS.index("blood")])
+        assert objective.per_video("blood", [spans]) == pytest.approx([want])
+        assert 0 < want < 1  # the odd span is a miss, the exact one a hit at rank 2
 
 
 # ----------------------------------------------------------------------------- pieces

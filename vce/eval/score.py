@@ -267,12 +267,24 @@ def average_precisions(gt: dict, pred: dict) -> tuple[list, dict]:
             ).reshape(-1, NUM_LABELS)
             for threshold in THRESHOLDS
         }
+    return video_ids, {threshold: ap.reshape(-1, NUM_LABELS)
+                       for threshold, ap in group_average_precisions(gt_arrays, pred_arrays, n_groups).items()}
+
+
+def group_average_precisions(gt: tuple, pred: tuple, n_groups: int) -> dict | None:
+    """{threshold: (n_groups,) AP} of segments already laid out as `_flatten` lays them out:
+    (group, start, end) int64 arrays, group-major and in file order inside a group (a group is
+    one (video, label); `average_precisions` numbers them video * 17 + label). None when the
+    coordinates are too large for the fast matching (`average_precisions` then falls back to
+    the definition). For callers that score many candidate lists of one label: no JSON dicts."""
+    if not _fits_int64(gt, pred, n_groups):
+        return None
     aps = {}
     for threshold in THRESHOLDS:
-        pair_pred, pair_gt = _candidate_pairs(gt_arrays, pred_arrays, threshold)
-        hits = _greedy_hits(pair_pred, pair_gt, len(pred_arrays[0]), len(gt_arrays[0]))
-        aps[threshold] = _average_precisions(gt_arrays, pred_arrays, hits, n_groups).reshape(-1, NUM_LABELS)
-    return video_ids, aps
+        pair_pred, pair_gt = _candidate_pairs(gt, pred, threshold)
+        hits = _greedy_hits(pair_pred, pair_gt, len(pred[0]), len(gt[0]))
+        aps[threshold] = _average_precisions(gt, pred, hits, n_groups)
+    return aps
 
 
 def score(gt: dict, pred: dict, check: bool = True, strict: bool = True) -> dict:

@@ -21,6 +21,9 @@ ground truth's runs come in clusters, most gaps a few frames long. The most prob
 - `fit_ar_model`: least squares over consecutive observed, labelled tuning frames, and the phases.
 - `ar_runs`: the decoded runs of one label on a timeline, trimmed to their observed frames.
 - `chain_path`: that Viterbi, one frame at a time for all videos at once.
+- `chain_posterior`: the same chain's forward-backward, P(on) at every position, blocked.
+- `ar_posterior_runs`: the runs of that posterior above some levels that the path did not
+  decode, the other answers where a boundary or a short gap is uncertain.
 
 On `bench.simulate` (AR(1) noise) this decoder lifts the held-out mAP far above thresholded
 runs; the engine still picks it per label only where it wins on the tuning videos.
@@ -39,6 +42,7 @@ MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs):
 PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
 EM_STEPS = 200  # EM iterations of `fit_phases`
 CHUNK = 2048  # frames whose scores `chain_path` lays out at once
+BLOCK = 512  # positions per block of `chain_posterior`
 
 
 def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_phases: int = 1) -> dict | None:
@@ -54,10 +58,14 @@ def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_
     starts = int(((before == 0) & (on == 1)).sum())
     if on.sum() < MIN_POSITIVE_FRAMES or starts < 2:
         return None
-    design = np.stack([np.ones(len(pairs)), on, before, logits[pairs - 1]], axis=1)  # (N, 4)
-    coef, *_ = np.linalg.lstsq(design, logits[pairs], rcond=None)
-    sigma = max(float(np.std(logits[pairs] - design @ coef)), 1e-3)
+    # Least squares through the normal equations: the (4, 4) Gram matrix of the design columns
+    # [1, x_t, x_{t-1}, l_{t-1}] from dot products, not the (N, 4) design itself (N ~ 2 M frames).
+    columns = (np.ones(len(pairs)), on, before, logits[pairs - 1])
+    target = logits[pairs]
+    gram = np.array([[np.dot(u, w) for w in columns] for u in columns])
+    coef, *_ = np.linalg.lstsq(gram, np.array([np.dot(u, target) for u in columns]), rcond=None)
     a, b, g, rho = (float(c) for c in coef)
+    sigma = max(float(np.std(target - a - b * on - g * before - rho * columns[3])), 1e-3)
     ends = int(((before == 1) & (on == 0)).sum())
     p01 = (starts + 1) / (float((before == 0).sum()) + 2)
     p10 = (ends + 1) / (float((before == 1).sum()) + 2)
@@ -187,6 +195,102 @@ def chain_path(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, firs
     return path
 
 
+def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, first, last,
+                    block: int = BLOCK) -> np.ndarray:
+    """(P,) the posterior probability that the label is on at each position, for the phase
+    chain of `chain_path` (same arguments, the same videos [first[v], last[v]] each starting in
+    state 0): forward-backward, summed over the paths where `chain_path` takes the best one.
+
+    Scaled forward-backward, blocked so that numpy works on all positions at once: the product
+    of each `block` positions' transfer matrices (transition x pair emission), every block in
+    parallel; one pass over the blocks in order (forwards, then backwards) for the messages at
+    the block edges; then the positions inside every block, in parallel again. A video's start
+    is a reset (every state goes to state 0 there), so videos never see each other. Each
+    pair's emission is floored 300 nats below the position's best pair: no path is impossible,
+    so no message underflows to zero."""
+    n, x = len(on), np.asarray(on, bool)
+    size = emission.shape[1]
+    if size == 0:
+        return np.zeros(0)
+    blocks = -(-size // block)
+    lik = np.ones((4, blocks * block))
+    lik[:, :size] = np.exp(np.maximum(emission - emission.max(axis=0), -300.0))
+    reset = np.ones(blocks * block, bool)
+    reset[:size] = False
+    reset[np.asarray(first, np.int64)] = True
+    reset[:int(np.min(first)) + 1] = True  # positions before every video
+    trans = np.exp(log_trans)
+    # The transfer matrix at t is trans[i, j] * lik[2 x_i + x_j, t]: split by the state left,
+    # m @ M_t = (m[.., off] @ trans[off]) * lik[x_j, t] + (m[.., on] @ trans[on]) * lik[2 + x_j, t].
+    from_off, from_on = trans[~x], trans[x]
+    rows = np.flatnonzero(~x), np.flatnonzero(x)
+    code = x.astype(np.int64), 2 + x.astype(np.int64)  # the pair row entered from off / from on, per state
+    starts = np.arange(blocks) * block
+
+    def step(m: np.ndarray, r: int) -> np.ndarray:  # m (blocks, [n,] n) times every block's transfer at offset r
+        t = starts + r
+        here = lik[:, t].T  # (blocks, 4)
+        shape = (len(t),) + (1,) * (m.ndim - 2) + (n,)
+        flat = m.reshape(-1, n)  # one matrix product per state left, over every block's rows
+        out = ((flat[:, ~x] @ from_off).reshape(m.shape) * here[:, code[0]].reshape(shape) +
+               (flat[:, x] @ from_on).reshape(m.shape) * here[:, code[1]].reshape(shape))
+        restart = reset[t]
+        if restart.any():
+            out[restart] = 0.0
+            out[restart, ..., 0] = m[restart].sum(axis=-1)
+        return out
+
+    def back(m: np.ndarray, r: int) -> np.ndarray:  # every block's transfer at offset r times m (blocks, n)
+        t = starts + r
+        here = lik[:, t].T
+        lo, hi = m * here[:, code[0]], m * here[:, code[1]]
+        out = np.empty_like(m)
+        out[:, rows[0]] = lo @ from_off.T
+        out[:, rows[1]] = hi @ from_on.T
+        out[reset[t]] = m[reset[t], :1]
+        return out
+
+    def normalised(m: np.ndarray) -> np.ndarray:
+        return m / m.max(axis=-1, keepdims=True)
+
+    # 1. Each block's product, row-scaled (a row is the state the block is entered from):
+    #    scale[b, i] the log of what was divided out of row i.
+    product = np.broadcast_to(np.eye(n), (blocks, n, n)).copy()
+    scale = np.zeros((blocks, n))
+    for r in range(block):
+        product = step(product, r)
+        top = product.max(axis=2)
+        scale += np.log(top)
+        product /= top[:, :, None]
+    # 2. The messages at the block edges: forward into each block, backward out of it.
+    into, out_of = np.zeros((blocks, n)), np.zeros((blocks, n))
+    message = np.zeros(n)
+    message[0] = 1.0
+    with np.errstate(divide="ignore"):
+        for b in range(blocks):
+            into[b] = message
+            weight = np.log(message) + scale[b]
+            message = normalised(np.exp(weight - weight.max()) @ product[b])
+        message = np.ones(n)
+        for b in range(blocks - 1, -1, -1):
+            out_of[b] = message
+            weight = np.log(product[b] @ message) + scale[b]
+            message = np.exp(weight - weight.max())
+    # 3. Inside the blocks, in parallel: forward, then backward with the posterior.
+    forward = np.empty((block, blocks, n))
+    alpha = into
+    for r in range(block):
+        alpha = normalised(step(alpha, r))
+        forward[r] = alpha
+    posterior = np.empty((block, blocks))
+    beta = out_of
+    for r in range(block - 1, -1, -1):
+        joint = forward[r] * beta
+        posterior[r] = joint[:, x].sum(axis=1) / joint.sum(axis=1)
+        beta = normalised(back(beta, r))
+    return posterior.T.reshape(-1)[:size]
+
+
 def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) dense positions of label k's decoded runs on `timeline` (each video decoded
     on its own, from off at the position before its first frame, so no run spans two; trimmed
@@ -204,6 +308,34 @@ def ar_run_strength(timeline, k: int, model: dict, bias: float) -> np.ndarray:
     return _cached(timeline, k, model, bias)[2]
 
 
+def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, strength) of label k's runs where the chain's posterior (`chain_posterior`)
+    that it is on exceeds each of `levels`, other than the decoded runs (`ar_runs`) and each
+    other; trimmed as those, with `ar_run_strength`'s strength.
+
+    The most probable path is one answer per run; where a boundary or a short gap is uncertain,
+    the runs of the posterior at several levels are its other answers: a merge the path did not
+    make, a gap it did, an end a few frames away (appended after a present label's decoded runs,
+    they cannot lower its AP)."""
+    key = ("ar-posterior", k, float(bias), tuple(float(level) for level in levels), json.dumps(model, sort_keys=True))
+    if key not in timeline.prob_cums:
+        logits = clipped_logits(timeline.probs[k])
+        first, last = _video_spans(timeline)
+        log_trans, on = phase_chain(model, bias)
+        scores = innovation_scores(logits, timeline.observed, model)
+        posterior = chain_posterior(scores, log_trans, on, first, last)
+        decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, k, model, bias))))
+        found: dict = {}
+        for level in levels:
+            for start, end in zip(*(a.tolist() for a in _observed_runs(posterior > level, timeline.observed))):
+                if (start, end) not in decoded:
+                    found.setdefault((start, end), None)
+        spans = np.array(list(found), np.int64).reshape(-1, 2)
+        starts, ends = spans[:, 0].copy(), spans[:, 1].copy()
+        timeline.prob_cums[key] = starts, ends, _strength(scores, starts, ends)
+    return timeline.prob_cums[key]
+
+
 def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
     """Both, decoded once per (label, model, bias) on the logits of the timeline's probabilities."""
     key = ("ar", k, float(bias), json.dumps(model, sort_keys=True))
@@ -213,23 +345,38 @@ def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
 
 
 def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    observed = timeline.observed
-    # Each video from the (unobserved) position before its first frame, off there, to the next one's.
-    first = np.asarray(timeline.video_first, np.int64) - 1
-    last = np.append(first[1:] - 1, len(observed) - 1)
+    first, last = _video_spans(timeline)
     log_trans, on = phase_chain(model, bias)
-    scores = innovation_scores(logits, observed, model)  # (4, P)
+    scores = innovation_scores(logits, timeline.observed, model)  # (4, P)
     path = chain_path(scores, log_trans, on, first, last)
-    edges = np.diff(path, prepend=np.int8(0), append=np.int8(0))
+    starts, ends = _observed_runs(path.astype(bool), timeline.observed)
+    return starts, ends, _strength(scores, starts, ends)
+
+
+def _video_spans(timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Each video's positions for the chain: from the (unobserved) position before its first
+    frame, off there, to the next one's."""
+    first = np.asarray(timeline.video_first, np.int64) - 1
+    return first, np.append(first[1:] - 1, len(timeline.observed) - 1)
+
+
+def _observed_runs(on: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of (P,) bool `on`, trimmed to their first and last observed
+    position; runs of unobserved positions only are dropped."""
+    edges = np.diff(on.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
     positions = np.arange(len(observed))
     next_seen = np.minimum.accumulate(np.where(observed, positions, len(observed))[::-1])[::-1]
     last_seen = np.maximum.accumulate(np.where(observed, positions, -1))
     starts, ends = next_seen[starts], last_seen[ends]
     keep = starts <= ends
-    starts, ends = starts[keep], ends[keep]
+    return starts[keep], ends[keep]
+
+
+def _strength(scores: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """`ar_run_strength` of runs (starts, ends) from the (4, P) `innovation_scores`."""
     stay = np.concatenate([[0.0], np.cumsum(scores[3] - scores[0])])  # on -> on against off -> off
-    after = np.minimum(ends + 1, len(observed) - 1)
+    after = np.minimum(ends + 1, scores.shape[1] - 1)
     ratio = (scores[1, starts] - scores[0, starts]) + (stay[ends + 1] - stay[starts + 1]) + \
         (scores[2, after] - scores[0, after])
-    return starts, ends, ratio / (ends - starts + 1)
+    return ratio / (ends - starts + 1)

@@ -37,7 +37,9 @@ decomposes the same way (one label's events never change another label's AP):
    (`vce.post.arhmm`: a step in AR(1) logit noise, placed to the frame where a threshold on the
    level is not, with run and gap lengths drawn from phases fitted to the tuning ground truth);
    thresholded runs ranked by mean probability, decoded ones by their strength
-   (`ar_run_strength`), at most `top_k` per video, optionally only inside the decoded regions that
+   (`ar_run_strength`) and followed by the runs of the decoder's posterior at `ar_levels` that its
+   path did not decode (`ar_posterior_runs`: where the video emits the label; the choice, the gate
+   and the region cuts read the decoded runs alone), at most `top_k` per video, optionally only inside the decoded regions that
    hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
    `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
    the tuning ground truth and chosen only if they win when learned on the other half of the
@@ -75,10 +77,10 @@ from pydantic import Field
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, NUM_LABELS, REGIONS
 from vce.core.params import OddInt, Section
-from vce.eval.score import THRESHOLDS, average_precisions
+from vce.eval.score import THRESHOLDS, average_precisions, group_average_precisions
 from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_regions
 from vce.post.anatomy import clipped_logits as _logits
-from vce.post.arhmm import ar_run_strength, ar_runs, fit_ar_model
+from vce.post.arhmm import ar_posterior_runs, ar_run_strength, ar_runs, fit_ar_model
 from vce.post.events import Timeline, build_timeline, smooth_runs
 
 REGION_SET = set(REGIONS)
@@ -114,6 +116,7 @@ class EngineParams(Section):
     ar_biases: list[float] = Field(min_length=1)  # ar_runs: log-odds added to every exit rate of its length phases (0: as learned)
     ar_off_phases: int = Field(ge=1)  # ar_runs: geometric length phases fitted to the tuning ground truth's gaps (1: one switch rate)
     ar_on_phases: int = Field(ge=1)  # ar_runs: ... and to its runs
+    ar_levels: list[Annotated[float, Field(gt=0, lt=1)]]  # ar_runs: posterior levels whose runs follow the decoded ones ([]: none)
     ar_min_separation: float = Field(ge=0)  # ar_runs: only labels whose fitted step is at least this many innovation standard deviations
     compatibility: bool  # findings: emitted only inside decoded regions where the training GT holds them
     compatibility_min_share: float = Field(ge=0, lt=1)  # compatibility: a region must hold more than this share of the finding's GT frames
@@ -131,7 +134,7 @@ class EngineParams(Section):
 # What a thresholded-run policy holds (`phase_labels`), checked when an engine is read.
 RUNS_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions", "shares", "gate", "evidence")
 # ... and what decodes its runs: `threshold` (hysteresis_runs) or `ar` (vce.post.arhmm, with these).
-AR_KEYS = ("ar_model", "ar_bias")
+AR_KEYS = ("ar_model", "ar_bias", "ar_levels")
 AR_MODEL_KEYS = ("a", "b", "g", "rho", "sigma", "p01", "p10", "off_phases", "on_phases")  # its `ar_model`
 SPEC_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions")  # a shadow run spec
 REGION_KEYS = ("gate", "variants", "cut_order")  # what a region policy holds
@@ -257,7 +260,9 @@ def region_log_prior(truth: np.ndarray) -> np.ndarray:
 
 def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
     """(P, 5) calibrated log P(region | frame); 0 where unobserved (no evidence)."""
-    z = _logits(timeline.probs[REGION_ROWS].T) @ np.asarray(coef).T + np.asarray(intercept)
+    if "region_logits" not in timeline.prob_cums:  # the same for every (coef, intercept) the fit tries
+        timeline.prob_cums["region_logits"] = _logits(timeline.probs[REGION_ROWS].T)
+    z = timeline.prob_cums["region_logits"] @ np.asarray(coef).T + np.asarray(intercept)
     z -= z.max(axis=1, keepdims=True)
     scores = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     scores[~timeline.observed] = 0.0
@@ -441,7 +446,7 @@ def learn_compatibility(gt: dict, label: str, min_share: float) -> list | None:
 def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: int, min_length: int, top_k: int,
                    runs: tuple | None = None, ratio: float = 1.0, path: np.ndarray | None = None,
                    regions: list | None = None, shares: list | None = None,
-                   strength: np.ndarray | None = None) -> Candidates:
+                   strength: np.ndarray | None = None, alternatives: tuple | None = None) -> Candidates:
     """Thresholded (hysteresis `ratio`), median-filtered runs of label k, most confident first,
     at most `top_k` per video, only those whose middle lies in `regions` of `path` (`compatible`).
 
@@ -449,6 +454,9 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     `shares`: the label's `region_shares`, for the `region` feature (None, or no `path`: 1 for every run).
     `strength`: (R,) per run of `runs`, what ranks them instead of the mean probability (the
     autoregressive decoder's `ar_run_strength`; the gate features still read the probabilities).
+    `alternatives`: (starts, ends, strength) of other runs (`ar_posterior_runs`), appended in a
+    video that has runs, strongest first, after them, up to `top_k` events in all; the clinical
+    list, the region cuts and the gate features are the runs' alone.
     """
     if runs is None:
         runs = hysteresis_runs(timeline, k, threshold, ratio, median_window)
@@ -469,7 +477,9 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     kept_video, kept = video[keep], order[keep]
     bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
     spans = list(zip(timeline.time[starts[kept]].tolist(), timeline.time[ends[kept]].tolist()))
-    events = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
+    events = clinical = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
+    if alternatives is not None:
+        events = _appended(timeline, clinical, alternatives, min_length, top_k, path, regions)
     has = np.isfinite(evidence)
     count = np.bincount(video, minlength=n_videos).astype(float)
     top = rank < 3
@@ -485,7 +495,22 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     features = {"max": evidence, "top3": np.where(has, top3, -np.inf), "frames": np.where(has, frames, -np.inf),
                 "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf),
                 "region": np.where(has, region, -np.inf)}
-    return Candidates(events, events, evidence, features)
+    return Candidates(events, clinical, evidence, features)
+
+
+def _appended(timeline: Timeline, events: list, alternatives: tuple, min_length: int, top_k: int,
+              path: np.ndarray | None, regions: list | None) -> list:
+    """Per video, `events` then the `alternatives` (starts, ends, strength) runs there (at least
+    `min_length` frames, `compatible`), strongest first, while the video holds under `top_k`."""
+    starts, ends, strength = alternatives
+    keep = (ends - starts + 1 >= min_length) & compatible(starts, ends, path, regions)
+    starts, ends, strength = starts[keep], ends[keep], strength[keep]
+    video = _video_of(timeline, starts)
+    order = np.lexsort((starts, -strength, video))
+    bounds = np.searchsorted(video[order], np.arange(len(events) + 1))
+    spans = list(zip(timeline.time[starts[order]].tolist(), timeline.time[ends[order]].tolist()))
+    return [own + spans[bounds[v]:bounds[v + 1]][:max(top_k - len(own), 0)] if own else own
+            for v, own in enumerate(events)]
 
 
 def _video_peaks(timeline: Timeline, k: int) -> np.ndarray:
@@ -662,6 +687,20 @@ def learn_variants(timeline: Timeline, path: np.ndarray, gt: dict, state: int, n
 # ----------------------------------------------------------------------------- scoring one label
 
 
+def _span_arrays(spans: list) -> tuple | None:
+    """(group, start, end) int64 arrays of per-group lists of (start, end) spans, group = list
+    position (the scorer's layout, `group_average_precisions`); None if some span is not two
+    integers or ends before it starts (the scorer's own checks then decide)."""
+    counts = np.array([len(group) for group in spans], np.int64)
+    flat = np.array([span for group in spans for span in group])
+    if flat.size and (flat.dtype.kind not in "iu" or flat.ndim != 2 or flat.shape[1] != 2):
+        return None
+    flat = flat.astype(np.int64).reshape(-1, 2)
+    if (flat[:, 1] < flat[:, 0]).any():
+        return None
+    return np.repeat(np.arange(len(spans)), counts), flat[:, 0].copy(), flat[:, 1].copy()
+
+
 def _label_submission(video_ids: list, label: str, events: list) -> dict:
     return {"videos": [{"video_id": video_id, "events": [{"start": s, "end": e, "label": [label]} for s, e in spans]}
                        for video_id, spans in zip(video_ids, events)]}
@@ -690,15 +729,26 @@ class LabelObjective:
                 for v in np.array(self.video_ids)[self.scored].tolist()]}
         self.present = {label: np.array([any(label in e["label"] for e in by_id[v]["events"]) for v in self.video_ids])
                         for label in LABELS}
+        # ... and as the scorer's arrays (`group_average_precisions`: one group per scored video).
+        self.scored_index = np.flatnonzero(self.scored)
+        self.gt_arrays = {}
+        for label in LABELS:
+            spans = [[(e["start"], e["end"]) for e in by_id[self.video_ids[v]]["events"] if label in e["label"]]
+                     for v in self.scored_index]
+            self.gt_arrays[label] = _span_arrays(spans)
         self.evaluations = 0
 
     def per_video(self, label: str, events: list) -> np.ndarray:
         """(V,) objective AP of `label` per tuning video when every video emits its `events`."""
         self.evaluations += 1
-        _, aps = average_precisions(self.gt[label], _label_submission(self.video_ids, label, events))
-        k = LABEL_INDEX[label]
+        pred = _span_arrays([events[v] for v in self.scored_index])
+        truth = self.gt_arrays[label]
+        aps = None if pred is None or truth is None else group_average_precisions(truth, pred, len(self.scored_index))
+        if aps is None:  # spans the fast path cannot take (end < start, huge frames): the scorer's own checks
+            _, by_label = average_precisions(self.gt[label], _label_submission(self.video_ids, label, events))
+            aps = {t: by_label[t][:, LABEL_INDEX[label]] for t in THRESHOLDS}
         out = np.zeros(len(self.video_ids))
-        out[self.scored] = sum(self.weights[t] * aps[t][:, k] for t in THRESHOLDS)
+        out[self.scored] = sum(self.weights[t] * aps[t] for t in THRESHOLDS)
         return out
 
     def silent(self, label: str) -> np.ndarray:
@@ -739,7 +789,13 @@ def presence_inputs(features: dict) -> np.ndarray:
 
 def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
     mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
-    model = _logistic((x - mean) / scale, gain > 0, sample_weight=np.abs(gain), max_iter=200)
+    # Newton-Cholesky, not lbfgs under a thread limit: on these few dozen videos and 6 features
+    # the fit's overheads were its cost (about 4.4 ms a fit against 1.8 ms, and the engine
+    # fits this model some 1,600 times on `bench.simulate2`'s tuning half).
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(solver="newton-cholesky", max_iter=200).fit((x - mean) / scale, gain > 0,
+                                                                           sample_weight=np.abs(gain))
     return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
             "intercept": float(model.intercept_[0])}
 
@@ -873,7 +929,9 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
     """(run spec, (starts, ends), strength or None) of every run decoding tried for label k: the
     threshold grid, then (`ar_runs`) the autoregressive HMM at each switch bias when its model,
     fitted on the tuning frames' `truth`, separates the label by `ar_min_separation` at least
-    (its runs ranked by `ar_run_strength`)."""
+    (its runs ranked by `ar_run_strength`). Its spec carries `ar_levels`, but the choice and
+    the gate read the decoded runs alone: the posterior runs are appended where it is emitted
+    (`_policy_runs`)."""
     for threshold in params.thresholds:
         for ratio in params.hysteresis:
             for window in params.median_windows:
@@ -887,7 +945,7 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
         return
     for bias in params.ar_biases:
         spec = {"detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1, "ar_model": model,
-                "ar_bias": float(bias)}
+                "ar_bias": float(bias), "ar_levels": [float(level) for level in params.ar_levels]}
         yield spec, ar_runs(timeline, k, model, float(bias)), ar_run_strength(timeline, k, model, float(bias))
 
 
@@ -962,7 +1020,7 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     # The region gates again, now with the variants and cut pieces appended, each region's
     # pieces in the order (`cut_orders`) that scores best on the tuning videos.
     best: dict = {}
-    _, cuts, shadow = _label_candidates(timeline, engine, path)
+    _, cuts, shadow = _label_candidates(timeline, engine, path, appended=False)  # the cuts: decoded runs only
     for order in params.cut_orders:
         candidates = _region_candidates_all(timeline, engine, path, cuts, shadow, order)
         for region in REGIONS:
@@ -1019,15 +1077,25 @@ def _run_specs(engine: Engine):
             yield label, policy["shadow"]
 
 
-def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray) -> Candidates:
+def _alternatives(timeline: Timeline, k: int, spec: dict) -> tuple | None:
+    """The posterior runs an autoregressive spec appends after its decoded runs (None: no levels)."""
+    if not spec["ar_levels"]:
+        return None
+    return ar_posterior_runs(timeline, k, spec["ar_model"], spec["ar_bias"], spec["ar_levels"])
+
+
+def _policy_runs(timeline: Timeline, label: str, spec: dict, top_k: int, path: np.ndarray,
+                 appended: bool = True) -> Candidates:
+    """A runs policy's candidates; `appended` False: without the posterior runs (a shadow only cuts)."""
     k = LABEL_INDEX[label]
-    runs = strength = None
+    runs = strength = alternatives = None
     if spec["detector"] == "ar":
         runs = ar_runs(timeline, k, spec["ar_model"], spec["ar_bias"])
         strength = ar_run_strength(timeline, k, spec["ar_model"], spec["ar_bias"])
+        alternatives = _alternatives(timeline, k, spec) if appended else None
     return run_candidates(timeline, k, spec["threshold"], spec["median_window"], spec["min_length"], top_k, runs,
                           ratio=spec["ratio"], path=path, regions=spec["regions"], shares=spec.get("shares"),
-                          strength=strength)
+                          strength=strength, alternatives=alternatives)
 
 
 def _cut_times(candidates) -> dict:
@@ -1046,14 +1114,15 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> dic
     return {**out, **_region_candidates_all(timeline, engine, path, cuts, shadow)}
 
 
-def _label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> tuple[dict, dict | None, dict | None]:
+def _label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
+                      appended: bool = True) -> tuple[dict, dict | None, dict | None]:
     """(gated candidates of every emitted finding and landmark, the times their events cut the
     regions at, the times the runs of labels left silent cut them at (`shadow_cuts`))."""
     out = {}
     for label in LABELS:
         policy = engine.policies[label]
         if policy["kind"] == "runs":
-            c = _policy_runs(timeline, label, policy, engine.top_k, path)
+            c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
             c.evidence = gate_evidence(c.features, policy)
         elif policy["kind"] == "anchored":
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy["anchors"]])
@@ -1064,7 +1133,7 @@ def _label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> t
     shadow = None
     if engine.region_cuts and any("shadow" in p for p in engine.policies.values()):
         # The runs of labels left silent cut the regions too, after the emitted ones.
-        shadow = _cut_times(_policy_runs(timeline, label, engine.policies[label]["shadow"], engine.top_k, path)
+        shadow = _cut_times(_policy_runs(timeline, label, engine.policies[label]["shadow"], engine.top_k, path, False)
                             for label in LABELS if "shadow" in engine.policies[label])
     return out, cuts, shadow
 
