@@ -319,10 +319,7 @@ def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tup
     they cannot lower its AP)."""
     key = ("ar-posterior", k, float(bias), tuple(float(level) for level in levels), json.dumps(model, sort_keys=True))
     if key not in timeline.prob_cums:
-        logits = clipped_logits(timeline.probs[k])
-        first, last = _video_spans(timeline)
-        log_trans, on = phase_chain(model, bias)
-        scores = innovation_scores(logits, timeline.observed, model)
+        scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
         posterior = chain_posterior(scores, log_trans, on, first, last)
         decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, k, model, bias))))
         found: dict = {}
@@ -345,19 +342,20 @@ def _cached(timeline, k: int, model: dict, bias: float) -> tuple:
 
 
 def _decoded_runs(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    first, last = _video_spans(timeline)
-    log_trans, on = phase_chain(model, bias)
-    scores = innovation_scores(logits, timeline.observed, model)  # (4, P)
+    scores, log_trans, on, first, last = _chain(timeline, logits, model, bias)
     path = chain_path(scores, log_trans, on, first, last)
     starts, ends = _observed_runs(path.astype(bool), timeline.observed)
     return starts, ends, _strength(scores, starts, ends)
 
 
-def _video_spans(timeline) -> tuple[np.ndarray, np.ndarray]:
-    """Each video's positions for the chain: from the (unobserved) position before its first
+def _chain(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple:
+    """What `chain_path` and `chain_posterior` read: the (4, P) `innovation_scores`, the
+    `phase_chain`, and each video's positions: from the (unobserved) position before its first
     frame, off there, to the next one's."""
     first = np.asarray(timeline.video_first, np.int64) - 1
-    return first, np.append(first[1:] - 1, len(timeline.observed) - 1)
+    last = np.append(first[1:] - 1, len(timeline.observed) - 1)
+    log_trans, on = phase_chain(model, bias)
+    return innovation_scores(logits, timeline.observed, model), log_trans, on, first, last
 
 
 def _observed_runs(on: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -222,12 +222,16 @@ def region_truth(timeline: Timeline, gt: dict, labels: np.ndarray | None = None)
     return np.where(on.any(axis=0), on.argmax(axis=0), -1).astype(np.int64)
 
 
-def _logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None, **options):
+def _logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None, one_thread: bool = True,
+              **options):
     """sklearn's LogisticRegression fitted on one BLAS thread (problems of a few features: more
-    threads only contend on a shared machine)."""
+    threads only contend on a shared machine). `one_thread` False: no thread limit, whose set-up
+    costs more than a fit on a few dozen rows (the presence model)."""
     from sklearn.linear_model import LogisticRegression
     from threadpoolctl import threadpool_limits
 
+    if not one_thread:
+        return LogisticRegression(**options).fit(x, y, sample_weight=sample_weight)
     with threadpool_limits(1):
         return LogisticRegression(**options).fit(x, y, sample_weight=sample_weight)
 
@@ -792,10 +796,8 @@ def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
     # Newton-Cholesky, not lbfgs under a thread limit: on these few dozen videos and 6 features
     # the fit's overheads were its cost (about 4.4 ms a fit against 1.8 ms, and the engine
     # fits this model some 1,600 times on `bench.simulate2`'s tuning half).
-    from sklearn.linear_model import LogisticRegression
-
-    model = LogisticRegression(solver="newton-cholesky", max_iter=200).fit((x - mean) / scale, gain > 0,
-                                                                           sample_weight=np.abs(gain))
+    model = _logistic((x - mean) / scale, gain > 0, sample_weight=np.abs(gain), one_thread=False,
+                      solver="newton-cholesky", max_iter=200)
     return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
             "intercept": float(model.intercept_[0])}
 
