@@ -30,6 +30,12 @@ decomposes the same way (one label's events never change another label's AP):
    finding's event is decoded to the frame). Candidates appended after a present
    label's first events can only add to its AP (a later false positive adds a zero term; a
    later match adds precision × recall step) — `tests/test_engine.py` holds the scorer to that.
+   The mouth and the esophagus, the shortest regions, may come instead from the **head**
+   (`vce.post.head`): both ends placed at once over a video's first positions, from the
+   calibrated emissions (tempered) and length priors learned from the tuning ground truth,
+   every end ranked by its posterior probability, gated on the region's probability of being
+   there at all; a region takes it only where it beats the decoded run's candidates on the
+   tuning videos (`head_candidates`, `head_temperatures`).
 3. **Findings and landmarks**: per label, the best of `off` (never emitted: AP 1 wherever
    absent), thresholded (with hysteresis: a run starts at the threshold and lasts while
    above a lower one, `hysteresis_runs`), median-filtered runs over a small grid, and
@@ -82,6 +88,7 @@ from vce.post.anatomy import EMISSION_FLOOR, REGION_ROWS, boundaries, decode_reg
 from vce.post.anatomy import clipped_logits as _logits
 from vce.post.arhmm import ar_posterior_runs, ar_run_strength, ar_runs, fit_ar_model
 from vce.post.events import Timeline, build_timeline, smooth_runs
+from vce.post.head import HEAD_REGIONS, head_lengths, head_spans, length_prior
 
 REGION_SET = set(REGIONS)
 
@@ -108,6 +115,10 @@ class EngineParams(Section):
     region_cuts: bool  # region candidates: also the run cut at other labels' event boundaries
     shadow_cuts: bool  # region candidates: then also cut at the best runs of labels left silent
     cut_orders: list[Literal["longest", "shortest"]] = Field(min_length=1)  # region candidates: cut pieces ranked longest or shortest first, picked per region (ties: the first)
+    head_candidates: int = Field(ge=0)  # mouth, esophagus: ranked ends from the head posterior (vce/post/head.py), where they beat the run's candidates (0: never)
+    head_width: int = Field(ge=1)  # head: the first positions of a video the mouth and esophagus are placed in
+    head_bandwidth: float = Field(gt=0)  # head: the log-length bandwidth of the length priors learned from the tuning ground truth
+    head_temperatures: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)  # head: temperatures on the summed frame evidence tried (picked per region)
     thresholds: list[Annotated[float, Field(ge=0, le=1)]] = Field(min_length=1)  # findings/landmarks: run thresholds tried
     median_windows: list[OddInt] = Field(min_length=1)  # findings/landmarks: median windows tried (odd)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)  # findings/landmarks: minimum run lengths tried
@@ -138,6 +149,7 @@ AR_KEYS = ("ar_model", "ar_bias", "ar_levels")
 AR_MODEL_KEYS = ("a", "b", "g", "rho", "sigma", "p01", "p10", "off_phases", "on_phases")  # its `ar_model`
 SPEC_KEYS = ("detector", "threshold", "ratio", "median_window", "min_length", "regions")  # a shadow run spec
 REGION_KEYS = ("gate", "variants", "cut_order")  # what a region policy holds
+HEAD_KEYS = ("gate", "temperature", "candidates", "length_priors")  # ... and a head policy (vce.post.head)
 
 
 @dataclass
@@ -149,7 +161,7 @@ class Engine:
     switch_penalty: float
     region_cuts: bool
     top_k: int
-    policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|runs|anchored, knobs, "gate"}
+    policies: dict = field(default_factory=dict)  # label -> {"kind": off|region|head|runs|anchored, knobs, "gate"}
     centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
     durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
     temperatures: list | None = None  # per label: [slope, offset] on the logit (finding_calibration), None: as it is
@@ -178,6 +190,8 @@ class Engine:
                 specs.append((policy["shadow"], SPEC_KEYS))
             if policy.get("kind") == "region":
                 specs.append((policy, REGION_KEYS))
+            if policy.get("kind") == "head":
+                specs.append((policy, HEAD_KEYS))
             for spec, needed in specs:
                 needed += AR_KEYS if spec.get("detector") == "ar" else ()
                 lacking = [key for key in needed if key not in spec]
@@ -588,6 +602,22 @@ def anchored_candidates(timeline: Timeline, path: np.ndarray, landmark: str, anc
         clinical[v] = events[v][:1]
         evidence[v] = 1.0
     return Candidates(events, clinical, evidence)
+
+
+def head_candidates(timeline: Timeline, path: np.ndarray, scores: np.ndarray, priors, temperature: float,
+                    count: int) -> dict:
+    """{"mouth": Candidates, "esophagus": Candidates} from the head posterior (`vce.post.head`,
+    `scores` the calibrated region emissions): each region's ranked spans, its top span the
+    clinical event, its posterior probability of being in the video the gate's evidence."""
+    first = np.asarray(timeline.video_first, np.int64)
+    cap = int(first[0]) if len(first) else 1  # the separator before every video and after the last
+    end = np.append(first[1:] - cap, len(timeline.observed) - cap)
+    out = {}
+    heads = head_spans(scores, path, timeline.observed, first, end, priors, temperature, count)
+    for state, (spans, presence) in heads.items():
+        events = [[(int(timeline.time[a]), int(timeline.time[b])) for a, b in video] for video in spans]
+        out[REGIONS[state]] = Candidates(events, [video[:1] for video in events], presence)
+    return out
 
 
 def learn_anchors(timeline: Timeline, path: np.ndarray, gt: dict, landmark: str, n: int) -> list:
@@ -1033,6 +1063,21 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     for region, (gate, value, order, n_videos) in best.items():
         policy = {"kind": "off"} if gate == float("inf") else {**engine.policies[region], "gate": gate, "cut_order": order}
         engine.policies[region] = {**policy, "tuning_ap": round(value / max(n_videos, 1), 4)}
+    # The mouth and the esophagus from the head posterior instead, where it beats those candidates.
+    if params.head_candidates > 0:
+        scores = region_emissions(timeline, coef, intercept)
+        priors = [length_prior(head_lengths(gt, timeline.video_ids, region), params.head_width, params.head_bandwidth)
+                  for region in HEAD_REGIONS]
+        for temperature in params.head_temperatures:
+            heads = head_candidates(timeline, path, scores, priors, temperature, params.head_candidates)
+            for region, c in heads.items():
+                gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
+                if gate != float("inf") and value > best[region][1] + 1e-12:
+                    best[region] = (gate, value, None, len(c.evidence))
+                    engine.policies[region] = {
+                        "kind": "head", "gate": gate, "temperature": float(temperature),
+                        "candidates": params.head_candidates, "length_priors": [p.tolist() for p in priors],
+                        "tuning_ap": round(value / max(len(c.evidence), 1), 4)}
     engine.report = {"seconds": round(time.perf_counter() - began, 1), "evaluations": objective.evaluations,
                      "switch_penalty": penalty, "prior_weight": weight, "durations": durations}
     if cross_fitted is not None:
@@ -1110,10 +1155,18 @@ def _cut_times(candidates) -> dict:
     return {v: sorted(times) for v, times in cuts.items()}
 
 
-def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray) -> dict:
-    """Gated candidates of every label: findings and landmarks first, regions cut at their events."""
+def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores: np.ndarray) -> dict:
+    """Gated candidates of every label: findings and landmarks first, regions cut at their events,
+    the head's regions from its posterior (`scores`: the calibrated region emissions)."""
     out, cuts, shadow = _label_candidates(timeline, engine, path)
-    return {**out, **_region_candidates_all(timeline, engine, path, cuts, shadow)}
+    out |= _region_candidates_all(timeline, engine, path, cuts, shadow)
+    head = [region for region in HEAD_REGIONS if engine.policies[region]["kind"] == "head"]
+    for region in head:
+        policy = engine.policies[region]
+        c = head_candidates(timeline, path, scores, policy["length_priors"], policy["temperature"],
+                            policy["candidates"])[region]
+        out[region] = gated(c, policy["gate"])
+    return out
 
 
 def _label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
@@ -1147,7 +1200,7 @@ def _region_candidates_all(timeline: Timeline, engine: Engine, path: np.ndarray,
     out = {}
     for state, region in enumerate(REGIONS):
         policy = engine.policies[region]
-        if policy["kind"] == "off":
+        if policy["kind"] != "region":
             continue
         c = region_candidates(timeline, path, state, [tuple(v) for v in policy["variants"]], cuts, shadow,
                               order or policy["cut_order"])
@@ -1172,9 +1225,9 @@ def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict
         timeline = recentred(timeline, engine.centres)
     if engine.temperatures is not None:
         timeline = calibrated(timeline, engine.temperatures)
-    path = decode(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty,
-                  engine.durations)
-    candidates = _all_candidates(timeline, engine, path)
+    scores = region_emissions(timeline, engine.coef, engine.intercept)
+    path = decode(timeline, scores, engine.switch_penalty, engine.durations)
+    candidates = _all_candidates(timeline, engine, path, scores)
     submission, clinical = [], []
     for v, video_id in enumerate(timeline.video_ids):
         ranked, clean = [], []
