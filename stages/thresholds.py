@@ -21,7 +21,7 @@ from vce.core.io import write_json
 from vce.core.labels import LABELS
 from vce.core.params import BaseParams, PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
-from vce.post.engine import fit_engine, tuning_timeline
+from vce.post.engine import fit_engine, presence_rates, tuning_timeline
 from vce.post.events import EventParams, labels_to_submission
 from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
 from vce.post.timeline import join_probs, labels_on_time
@@ -68,7 +68,10 @@ def main(argv=None) -> int:
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
         tuned_events = tuned.model_dump()
     elif threshold_params.method == "engine":  # the score engine, fitted on the validation videos
-        fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed)
+        # Presence rates from every labelled video the pipeline may learn from (training and
+        # validation; never the held-out test videos): a validation split is a small sample.
+        rates = presence_rates(frames[frames["split"].isin(["train", "val"])]) if "split" in frames.columns else None
+        fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
         engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)
     write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events,

@@ -20,7 +20,9 @@ from vce.post.engine import (
     fit_temperatures,
     label_truth,
     presence_inputs,
+    presence_rates,
     presence_score,
+    presence_weighting,
     run_candidates,
     tuning_timeline,
 )
@@ -257,3 +259,31 @@ def test_the_region_gate_admits_runs_in_the_findings_region_only():
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {f"v{v}" for v in range(0, 8, 2)}
+
+
+def test_presence_weighting_reads_the_rate_only_where_no_tuning_video_lacks_the_label():
+    assert presence_weighting(np.array([True, True]), 0.25) == (0.25, 1.5)
+    assert presence_weighting(np.array([True, False]), 0.25) == (1.0, 0.0)  # the gate sees an absent video
+    assert presence_weighting(np.array([True, True]), None) == (1.0, 0.0)
+    assert presence_weighting(np.array([True, True]), 1.0) == (1.0, 0.0)
+
+
+def test_presence_rates_are_shares_of_videos_holding_the_label():
+    frames = pd.concat([_labels(np.full(4, 3), "a", {"polyp": [0, 1, 0, 0]}), _labels(np.full(3, 3), "b"),
+                        _labels(np.full(2, 2), "c")], ignore_index=True)
+    rates = presence_rates(frames)
+    assert rates["polyp"] == pytest.approx(1 / 3) and rates["small intestine"] == pytest.approx(2 / 3)
+    assert rates["stomach"] == pytest.approx(1 / 3) and rates["ulcer"] == 0.0 and set(rates) == set(LABELS)
+    assert presence_rates(frames.iloc[:0]) == {}
+
+
+def test_a_finding_every_tuning_video_holds_is_weighed_with_its_presence_rate():
+    frame_probs, gt = _videos(2, polyp_every=1)  # both tuning videos hold a clear polyp
+    params = _engine_params()
+    timeline = tuning_timeline(frame_probs, params)
+    assert fit_engine(timeline, gt, params).policies["polyp"]["kind"] == "runs"
+    # Rare over every labelled video: emitting it everywhere would cost the many videos without it.
+    rare = fit_engine(timeline, gt, params, rates={"polyp": 0.25})
+    assert rare.policies["polyp"]["kind"] == "off" and rare.policies["polyp"]["tuning_ap"] == 0.75
+    common = fit_engine(timeline, gt, params, rates={"polyp": 0.9})
+    assert common.policies["polyp"]["kind"] == "runs" and common.policies["polyp"]["tuning_ap"] == pytest.approx(0.9)

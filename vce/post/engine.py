@@ -908,13 +908,39 @@ def _regions_at(timeline, objective: LabelObjective, scores, penalty, durations)
     return total, float(penalty), path, policies
 
 
+def presence_weighting(present: np.ndarray, rate: float | None) -> tuple[float, float]:
+    """(weight of the tuning videos' APs, AP of silence in the absent videos they do not show) of
+    a label's decision: (rate, (1 - rate) x their number) when every tuning video holds the label
+    (`present`), `rate` its share of every labelled video (`presence_rates`); else (1, 0).
+
+    With no absent tuning video a gate has nothing to learn from and admits every video, so
+    the tuning videos stand for the share `rate` of the videos to come, and the others lack the
+    label: emitting it there scores 0 (a video without it holds a run at some threshold),
+    silence 1. Two validation videos that both hold a finding otherwise emit it everywhere."""
+    if rate is None or len(present) == 0 or not present.all():
+        return 1.0, 0.0
+    return float(rate), (1.0 - float(rate)) * len(present)
+
+
+def presence_rates(frame_labels: pd.DataFrame) -> dict:
+    """Per label, the share of the videos of `frame_labels` (video_id and the 17 0/1 label
+    columns) with at least one frame of it: `fit_engine`'s `rates`, from every labelled video
+    (the tuning videos are a small sample of them)."""
+    if len(frame_labels) == 0:
+        return {}
+    held = frame_labels.groupby("video_id", sort=False)[list(LABELS)].max() > 0
+    return {label: float(share) for label, share in held.mean().items()}
+
+
 def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                 labels: np.ndarray) -> dict:
+                 labels: np.ndarray, rates: dict | None = None) -> dict:
     """Per finding / landmark: the best of off, decoded runs (the threshold grid; `ar_runs`: the
     autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
 
     Emitting must beat silence by `min_gain_per_video` x the number of tuning videos (a bar that
-    scales with the sample: on 2 videos a label that helps on both is kept)."""
+    scales with the sample: on 2 videos a label that helps on both is kept), and, for a label that
+    every tuning video holds, weighed against the absent videos its presence rate says it will
+    meet (`presence_weighting`, `rates`: `presence_rates` over every labelled video)."""
     policies = {}
     margin = params.min_gain_per_video * len(timeline.video_ids)
     for label in LABELS:
@@ -922,10 +948,11 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
             continue
         k = LABEL_INDEX[label]
         silent = objective.silent(label)
+        weight, unseen = presence_weighting(objective.present[label], (rates or {}).get(label))
         regions = learn_compatibility(gt, label, params.compatibility_min_share) \
             if params.compatibility and label not in LANDMARKS else None
         shares = region_shares(gt, label)  # the region context of its presence evidence
-        best = (float(silent.sum()) + margin, {"kind": "off"})  # beat silence by the margin
+        best = (weight * float(silent.sum()) + unseen + margin, {"kind": "off"})  # beat silence by the margin
         best_runs = None  # the best runs even if they lose to silence (their cuts: shadow_cuts)
         for spec, runs, strength in _decodings(timeline, k, params, labels[k]):
             for min_length in params.min_lengths:
@@ -938,6 +965,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                 value, gate, extra = _best_gate(candidates.features, per_video, silent, params.presence_features)
                 if extra is None:
                     continue
+                value *= weight
                 runs_policy = {"kind": "runs", **spec, "min_length": int(min_length), "regions": regions,
                                "shares": shares, "gate": gate, **extra}
                 if value > best[0] + 1e-12:
@@ -945,7 +973,7 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
                 if best_runs is None or value > best_runs[0] + 1e-12:
                     best_runs = (value, runs_policy)
         if label in LANDMARKS and params.anchor_candidates > 0:
-            value = _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
+            value = weight * _cross_fitted_anchors(timeline, objective, path, gt, label, params.anchor_candidates)
             anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
             if anchors and value > best[0] + 1e-12:
                 best = (value, {"kind": "anchored", "anchors": anchors, "gate": 0.0})
@@ -1018,14 +1046,18 @@ def _cross_fitted_anchors(timeline, objective: LabelObjective, path, gt: dict, l
     return total
 
 
-def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> Engine:
+def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0, rates: dict | None = None) -> Engine:
     """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`).
+
+    `rates`: each label's share of every labelled video (`presence_rates`, e.g. the training and
+    validation videos' ground truth), read where every tuning video holds a label (`phase_labels`);
+    None: the tuning videos alone.
 
     `cross_fit`: the report also holds `cross_fitted`, the official mAP of the videos of each
     half (alternate videos) under the engine fitted on the other half: an estimate on videos
     the post-processing did not tune on (the engine itself is fitted on all of them)."""
     began = time.perf_counter()
-    cross_fitted = cross_fit(timeline, gt, params, seed) if params.cross_fit else None
+    cross_fitted = cross_fit(timeline, gt, params, seed, rates) if params.cross_fit else None
     centres = None
     if params.recentre and timeline.observed.any():
         centres = [None if label in REGION_SET else float(np.median(_logits(timeline.probs[k][timeline.observed])))
@@ -1042,7 +1074,7 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     durations = learn_durations(timeline, truth, params.min_duration_quantile, params.max_duration_factor)
     _, penalty, path, region_policies, intercept, weight = phase_regions(timeline, objective, params, coef, intercept,
                                                                          region_log_prior(truth), durations)
-    label_policies = phase_labels(timeline, objective, params, path, gt, labels)
+    label_policies = phase_labels(timeline, objective, params, path, gt, labels, rates)
     for state, region in enumerate(REGIONS):
         region_policies[region]["variants"] = learn_variants(timeline, path, gt, state, params.region_variants,
                                                              params.variant_reach)
@@ -1085,7 +1117,7 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     return engine
 
 
-def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0) -> dict | None:
+def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0, rates: dict | None = None) -> dict | None:
     """Official mAP@0.5/@0.95 over the tuning videos, each half (alternate videos) scored by the
     engine fitted on the other half, and the empty submission's mAP there (the same at both
     thresholds); None with fewer than 2 videos."""
@@ -1101,7 +1133,7 @@ def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0)
     for fit_on, score_on in (halves, halves[::-1]):
         fit_timeline = select_videos(timeline, fit_on)
         fit_gt = {"videos": [by_id[v] for v in fit_timeline.video_ids if v in by_id]}
-        submission, _ = engine_submission_on(select_videos(timeline, score_on), fit_engine(fit_timeline, fit_gt, inner, seed))
+        submission, _ = engine_submission_on(select_videos(timeline, score_on), fit_engine(fit_timeline, fit_gt, inner, seed, rates))
         videos += submission["videos"]
     truth = {"videos": [by_id[v["video_id"]] for v in videos if v["video_id"] in by_id]}
     result = score(truth, {"videos": videos})
