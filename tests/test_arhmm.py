@@ -342,7 +342,7 @@ def test_each_switch_bias_is_decoded_on_its_own():
 
 def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policies():
     frame_probs, gt = _ar_videos(6, seed=7, step=1.5)  # a step the posterior is unsure of here and there
-    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=0.0)
+    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     policy = engine.policies["blood"]
     assert policy["kind"] == "runs" and policy["detector"] == "ar" and policy["ar_model"]["separation"] > 2.0
@@ -360,10 +360,10 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
     assert all(a[:len(b)] == b for a, b in zip(with_levels, without))
     assert sum(len(a) - len(b) for a, b in zip(with_levels, without)) > 0
     # Below the separation bar the label is not decoded at all; the threshold grid decides.
-    single = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=0.0, ar_off_phases=1, ar_on_phases=1)
+    single = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0, ar_off_phases=1, ar_on_phases=1)
     model = fit_engine(tuning_timeline(frame_probs, single), gt, single).policies["blood"]["ar_model"]
     assert model["off_phases"] == [[1.0, model["p01"]]] and model["on_phases"] == [[1.0, model["p10"]]]
-    strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_per_video=0.0)
+    strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_sqrt_videos=0.0)
     assert fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"].get("detector") != "ar"
     # An engine from before the decoder (no "detector"), or an ar policy without its model or its
     # posterior levels, is refused.
@@ -380,7 +380,7 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
 
 def test_a_silent_labels_decoded_runs_still_cut_the_regions():
     frame_probs, gt = _ar_videos(4, seed=11)
-    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_per_video=10.0)  # every finding off
+    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=10.0)  # every finding off
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     shadow = engine.policies["blood"]["shadow"]
     assert engine.policies["blood"]["kind"] == "off" and shadow["detector"] == "ar" and "ar_model" in shadow
@@ -394,7 +394,7 @@ def test_a_silent_labels_decoded_runs_still_cut_the_regions():
 
 def test_an_older_shadow_spec_is_refused_by_name():
     frame_probs, gt = _ar_videos(2, seed=9)
-    params = _engine_params(ar_runs=False, min_gain_per_video=10.0)  # every finding off, with shadow runs
+    params = _engine_params(ar_runs=False, min_gain_sqrt_videos=10.0)  # every finding off, with shadow runs
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     data = json.loads(json.dumps(engine.to_dict()))
     assert data["policies"]["blood"]["shadow"]["detector"] == "threshold"
@@ -409,7 +409,7 @@ def test_each_region_ranks_its_cut_pieces_in_the_order_that_scores_better_on_the
     frame_probs, gt = _ar_videos(4, seed=11)
     fitted = {}
     for orders in (["longest"], ["shortest"], ["longest", "shortest"]):
-        params = _engine_params(min_gain_per_video=1.5, cut_orders=orders)
+        params = _engine_params(min_gain_sqrt_videos=1.5, cut_orders=orders)
         fitted[tuple(orders)] = fit_engine(tuning_timeline(frame_probs, params), gt, params).policies
     picked = set()
     for region in REGIONS:

@@ -302,13 +302,13 @@ def test_compatibility_gate_drops_a_finding_outside_its_regions():
     assert sorted(run_candidates(timeline, k, 0.5, 1, 1, 10, path=path, regions=None).events[0]) == [(5, 6), (25, 26)]
 
 
-def test_the_emission_bar_scales_with_the_tuning_videos():
+def test_the_emission_bar_scales_with_the_square_root_of_the_tuning_videos():
     # Two tuning videos (a demo's validation split), polyp exactly predicted in both: AP 1 + 1.
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
-    for per_video, kind in ((0.025, "runs"), (0.9, "runs"), (1.5, "off")):  # bar = per_video x 2 videos
-        params = _engine_params(min_gain_per_video=per_video)
+    for bar, kind in ((0.158, "runs"), (1.41, "runs"), (1.42, "off")):  # the gain of 2 against bar x sqrt(2)
+        params = _engine_params(min_gain_sqrt_videos=bar)
         engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-        assert engine.policies["polyp"]["kind"] == kind, per_video
+        assert engine.policies["polyp"]["kind"] == kind, bar
 
 
 def test_learned_durations_are_quantiles_of_the_training_runs():
@@ -388,7 +388,7 @@ def test_shadow_cuts_append_pieces_cut_at_runs_of_labels_left_silent():
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
     polyp = [e for e in gt["videos"][0]["events"] if "polyp" in e["label"]][0]
     for shadow, order in ((True, "shortest"), (True, "longest"), (False, "shortest")):
-        params = _engine_params(min_gain_per_video=1.5, shadow_cuts=shadow, region_variants=0, cut_orders=[order])
+        params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=shadow, region_variants=0, cut_orders=[order])
         engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
         engine = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))  # the order is kept in JSON
         assert engine.policies["polyp"]["kind"] == "off" and ("shadow" in engine.policies["polyp"]) == shadow
@@ -415,7 +415,7 @@ def test_presence_gate_picks_the_video_feature_that_separates_present_from_absen
     assert c.features["frames"].tolist() == [6, 1, 6, 1] and c.features["count"].tolist() == [1, 1, 1, 1]
     assert c.features["peak"].tolist() == pytest.approx([0.9, 0.99, 0.9, 0.99])
     for features, kind in ((["max"], "off"), (["max", "frames"], "runs")):
-        params = _engine_params(presence_features=features, min_gain_per_video=0.1, min_lengths=[1], median_windows=[1])
+        params = _engine_params(presence_features=features, min_gain_sqrt_videos=0.1, min_lengths=[1], median_windows=[1])
         engine = fit_engine(timeline, gt, params)
         assert engine.policies["polyp"]["kind"] == kind
     assert engine.policies["polyp"]["evidence"] == "frames"
@@ -430,7 +430,7 @@ def test_the_timeline_reach_covers_the_shadow_runs_windows():
     from vce.post.engine import _reach
 
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
-    params = _engine_params(min_gain_per_video=1.5, shadow_cuts=True, region_variants=0)
+    params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=True, region_variants=0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     engine.policies["polyp"]["shadow"]["median_window"] = 31
     assert all(p["kind"] != "runs" or p["median_window"] < 31 for p in engine.policies.values())

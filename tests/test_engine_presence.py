@@ -94,10 +94,10 @@ def test_a_timid_finding_is_emitted_once_calibrated_and_the_engine_keeps_it_in_j
     autoregressive decoder, which reads logit steps at any level, is off here)."""
     frame_probs, gt = _videos(8, seed=4, polyp_every=2)
     frame_probs["polyp"] = np.where(frame_probs["polyp"] > 0.5, 0.2, 0.02).astype(np.float32)
-    plain = _engine_params(min_gain_per_video=0.1, finding_calibration=False, ar_runs=False)
+    plain = _engine_params(min_gain_sqrt_videos=0.1, finding_calibration=False, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, plain), gt, plain)
     assert engine.policies["polyp"]["kind"] == "off" and engine.temperatures is None
-    params = _engine_params(min_gain_per_video=0.1, finding_calibration=True, ar_runs=False)
+    params = _engine_params(min_gain_sqrt_videos=0.1, finding_calibration=True, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     assert engine.policies["polyp"]["kind"] == "runs" and engine.temperatures[POLYP][0] > 0
     submission, _ = engine_submission(frame_probs, engine)
@@ -170,7 +170,7 @@ def test_joint_presence_separates_what_no_single_feature_can():
     timeline = tuning_timeline(frame_probs, _engine_params())
     c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10)
     assert set(np.round(c.features["max"], 2)) == {0.9, 0.99} and set(c.features["frames"]) == {1, 6}
-    knobs = {"min_gain_per_video": 0.1, "min_lengths": [1], "median_windows": [1], "thresholds": [0.5]}
+    knobs = {"min_gain_sqrt_videos": 0.1, "min_lengths": [1], "median_windows": [1], "thresholds": [0.5]}
     single = _engine_params(presence_features=["max", "top3", "frames", "count", "peak", "region"], **knobs)
     assert fit_engine(timeline, gt, single).policies["polyp"]["kind"] == "off"
     params = _engine_params(presence_features=["max", "frames", "joint"], **knobs)
@@ -185,7 +185,7 @@ def test_joint_presence_separates_what_no_single_feature_can():
 
 def test_joint_alone_without_enough_videos_leaves_the_label_silent():
     frame_probs, gt = _videos(2, seed=6, polyp_every=2)  # 1 present, 1 absent video: no model
-    params = _engine_params(presence_features=["joint"], min_gain_per_video=0.0)
+    params = _engine_params(presence_features=["joint"], min_gain_sqrt_videos=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     assert engine.policies["polyp"]["kind"] == "off"
     assert isinstance(pd.DataFrame(engine_submission(frame_probs, engine)[0]["videos"]), pd.DataFrame)
@@ -236,7 +236,7 @@ def test_region_feature_is_the_run_frames_mean_share_of_their_decoded_region():
 
 def test_an_engine_whose_run_policy_lacks_a_key_is_refused_by_name():
     frame_probs, gt = _videos(4, seed=7, polyp_every=2)
-    params = _engine_params(min_gain_per_video=0.1)
+    params = _engine_params(min_gain_sqrt_videos=0.1)
     saved = fit_engine(tuning_timeline(frame_probs, params), gt, params).to_dict()
     assert saved["policies"]["polyp"]["kind"] == "runs"
     del saved["policies"]["polyp"]["shares"]
@@ -252,7 +252,7 @@ def test_the_region_gate_admits_runs_in_the_findings_region_only():
     for v in range(1, 8, 2):
         rows = np.flatnonzero(frame_probs["video_id"].to_numpy() == f"v{v}")
         frame_probs.loc[rows[-15:-9], "polyp"] = np.float32(0.9)  # inside the colon (40-80 frames long)
-    params = _engine_params(presence_features=["max", "frames", "region"], min_gain_per_video=0.1)
+    params = _engine_params(presence_features=["max", "frames", "region"], min_gain_sqrt_videos=0.1)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     assert engine.policies["polyp"]["evidence"] == "region"
     assert engine.policies["polyp"]["shares"] == pytest.approx([0, 0, 0, 1, 0])

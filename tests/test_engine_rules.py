@@ -113,7 +113,7 @@ def test_recentre_off_leaves_the_probabilities_as_they_are():
 
 def test_without_region_cuts_the_shadow_runs_cut_nothing():
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
-    params = _engine_params(min_gain_per_video=1.5, shadow_cuts=True, region_variants=0, region_cuts=False)
+    params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=True, region_variants=0, region_cuts=False)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     assert "shadow" in engine.policies["polyp"]
     submission, _ = engine_submission(frame_probs, engine)

@@ -49,9 +49,11 @@ decomposes the same way (one label's events never change another label's AP):
    hold the finding in the tuning ground truth (`learn_compatibility`); landmarks may also be
    `anchored`: events at offsets and lengths from the decoded boundary they mark, learned from
    the tuning ground truth and chosen only if they win when learned on the other half of the
-   tuning videos (`phase_labels`). A finding must beat silence by `min_gain_per_video` mean AP
-   per tuning video to be emitted at all (a bar that scales with the sample: a summed bar of
-   1.0 switched every finding off on a 2-video demo).
+   tuning videos (`phase_labels`). A finding must beat silence by `min_gain_sqrt_videos` x
+   sqrt(V) summed AP over the V tuning videos to be emitted at all: the summed gain's noise grows
+   as sqrt(V), so the bar is a significance bar (a summed bar of 1.0 switched every finding off
+   on a 2-video demo; one of 0.025 x V let two demo validation videos emit a finding on a gain
+   of 0.08 AP in one of them).
 4. **Presence per (video, label)**: a label is emitted in a video only when the video's evidence
    (its decoded run length for a region, its strongest event's mean probability otherwise)
    reaches a gate fitted on the tuning videos to maximise the label's summed AP, knowing that
@@ -134,7 +136,7 @@ class EngineParams(Section):
     top_k: int = Field(ge=1)  # findings/landmarks: at most this many events per (video, label)
     presence_features: list[Literal[GATE_FEATURES]] = Field(min_length=1)  # findings/landmarks: video-level evidence the presence gate may use (picked per label; joint: a logistic model over all six)
     anchor_candidates: int = Field(ge=0)  # landmarks: events per boundary from learned offsets (0: never anchored)
-    min_gain_per_video: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this much mean AP per tuning video
+    min_gain_sqrt_videos: float = Field(ge=0)  # a finding/landmark is emitted only if it beats silence by this x sqrt(tuning videos) summed AP
     recentre: bool  # findings/landmarks: logits re-centred per video on their median (device drift)
     finding_calibration: bool  # findings/landmarks: a temperature and offset per label fitted on the tuning frames, equal positive and negative shares
     objective: Literal["mean", "map@0.5", "map@0.95"]  # what the tuning maximises
@@ -937,12 +939,12 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
     """Per finding / landmark: the best of off, decoded runs (the threshold grid; `ar_runs`: the
     autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
 
-    Emitting must beat silence by `min_gain_per_video` x the number of tuning videos (a bar that
-    scales with the sample: on 2 videos a label that helps on both is kept), and, for a label that
+    Emitting must beat silence by `min_gain_sqrt_videos` x sqrt(the number of tuning videos)
+    summed AP (the summed gain's noise grows as its square root), and, for a label that
     every tuning video holds, weighed against the absent videos its presence rate says it will
     meet (`presence_weighting`, `rates`: `presence_rates` over every labelled video)."""
     policies = {}
-    margin = params.min_gain_per_video * len(timeline.video_ids)
+    margin = params.min_gain_sqrt_videos * np.sqrt(len(timeline.video_ids))
     for label in LABELS:
         if label in REGION_SET:
             continue
