@@ -68,9 +68,8 @@ def main(argv=None) -> int:
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
         tuned_events = tuned.model_dump()
     elif threshold_params.method == "engine":  # the score engine, fitted on the validation videos
-        # Presence rates from every labelled video the pipeline may learn from (training and
-        # validation; never the held-out test videos): a validation split is a small sample.
-        rates = presence_rates(frames[frames["split"].isin(["train", "val"])]) if "split" in frames.columns else None
+        # Presence rates over every labelled video it may learn from: a validation split is a small sample.
+        rates = presence_rates(frames)
         fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
         engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)

@@ -275,6 +275,10 @@ def test_presence_rates_are_shares_of_videos_holding_the_label():
     assert rates["polyp"] == pytest.approx(1 / 3) and rates["small intestine"] == pytest.approx(2 / 3)
     assert rates["stomach"] == pytest.approx(1 / 3) and rates["ulcer"] == 0.0 and set(rates) == set(LABELS)
     assert presence_rates(frames.iloc[:0]) == {}
+    # Held-out test videos (split "test") never count; training and validation videos do.
+    frames["split"] = np.repeat(["train", "val", "test"], [4, 3, 2])
+    rates = presence_rates(frames)
+    assert rates["polyp"] == pytest.approx(1 / 2) and rates["stomach"] == 0.0
 
 
 def test_a_finding_every_tuning_video_holds_is_weighed_with_its_presence_rate():

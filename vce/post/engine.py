@@ -927,7 +927,10 @@ def presence_weighting(present: np.ndarray, rate: float | None) -> tuple[float, 
 def presence_rates(frame_labels: pd.DataFrame) -> dict:
     """Per label, the share of the videos of `frame_labels` (video_id and the 17 0/1 label
     columns) with at least one frame of it: `fit_engine`'s `rates`, from every labelled video
-    (the tuning videos are a small sample of them)."""
+    the pipeline learns from (the tuning videos are a small sample of them). With a `split`
+    column only its "train" and "val" rows count: held-out test videos are never tuned on."""
+    if "split" in frame_labels.columns:
+        frame_labels = frame_labels[frame_labels["split"].isin(["train", "val"])]
     if len(frame_labels) == 0:
         return {}
     held = frame_labels.groupby("video_id", sort=False)[list(LABELS)].max() > 0
