@@ -74,6 +74,7 @@ the clinical event list (one event per run, no appended candidates).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -1197,12 +1198,16 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores
     the head's regions from its posterior (`scores`: the calibrated region emissions)."""
     out, cuts, shadow = _label_candidates(timeline, engine, path)
     out |= _region_candidates_all(timeline, engine, path, cuts, shadow)
-    head = [region for region in HEAD_REGIONS if engine.policies[region]["kind"] == "head"]
-    for region in head:
+    heads: dict = {}  # one posterior per (temperature, count): both regions read it
+    for region in HEAD_REGIONS:
         policy = engine.policies[region]
-        c = head_candidates(timeline, path, scores, policy["length_priors"], policy["temperature"],
-                            policy["candidates"])[region]
-        out[region] = gated(c, policy["gate"])
+        if policy["kind"] != "head":
+            continue
+        key = (policy["temperature"], policy["candidates"], json.dumps(policy["length_priors"]))
+        if key not in heads:
+            heads[key] = head_candidates(timeline, path, scores, policy["length_priors"], policy["temperature"],
+                                         policy["candidates"])
+        out[region] = gated(heads[key][region], policy["gate"])
     return out
 
 
