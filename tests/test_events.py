@@ -278,3 +278,49 @@ def test_a_timeline_with_other_probabilities_forgets_the_old_ones_caches():
     other = timeline.with_probs(np.where(timeline.observed, np.float32(0.6), np.nan).astype(np.float32)[None].repeat(17, 0))
     assert _mean_prob(other, _prob_cum(other, k), starts, ends)[0] == pytest.approx(0.6)
     assert other.region_paths == {} and other.time is timeline.time
+
+
+# ----------------------------------------------------------------------------- boundaries the tuning relies on
+
+
+def test_a_frame_at_the_tuned_threshold_is_active_as_the_f1_search_counts_it():
+    """The F1 search counts a frame as fired when its probability >= the threshold, so it picks
+    the positives' own probability; the decoder must fire there too, or the tuned threshold drops
+    exactly the frames it was tuned on. 0.75 is exact in float32 (0.6 would round above 0.6)."""
+    from vce.post.thresholds import ThresholdParams, f1_thresholds
+
+    probs = pattern(30, (5, 9), value=0.75) + pattern(30, (20, 22), value=0.74)  # negatives just below
+    truth = np.zeros((30, len(LABELS)), np.uint8)
+    truth[5:10, LABELS.index("mouth")] = 1
+    y_prob = np.zeros((30, len(LABELS)))
+    y_prob[:, LABELS.index("mouth")] = probs
+    thresholds = f1_thresholds(truth, y_prob, section_params(ThresholdParams, "thresholds"))
+    assert thresholds["mouth"] == 0.75
+    sub = probs_to_submission(frames(30, mouth=probs), thresholds, section_params(EventParams, "events", **RAW))
+    assert events_of(sub) == [(5, 9, ["mouth"])]
+
+
+def test_an_events_confidence_is_its_mean_over_observed_frames_only():
+    """An invalid frame bridged inside an event has no probability: it must not count as a 0.
+    Event 0-9 (9 observed frames at 0.75, frame 5 invalid) is worth 0.75, above event 20-29
+    (0.72) and above a presence threshold of 0.74; over all 10 positions it would be 0.675."""
+    probs = pattern(40, (0, 9), value=0.75) + pattern(40, (20, 29), value=0.72)
+    table = frames(40, mouth=probs)
+    table["valid"] = True
+    table.loc[5, "valid"] = False
+    table.loc[5, "mouth"] = np.nan
+    bridged = {**RAW, "fill_gap": 1}
+    ranked = probs_to_submission(table, OFF, section_params(EventParams, "events", **bridged))
+    assert events_of(ranked) == [(0, 9, ["mouth"]), (20, 29, ["mouth"])]  # most confident first
+    gated = section_params(EventParams, "events", **{**bridged, "presence": "max", "presence_threshold": 0.74})
+    assert events_of(probs_to_submission(table, OFF, gated)) == [(0, 9, ["mouth"]), (20, 29, ["mouth"])]
+
+
+def test_presence_max_keeps_a_label_whose_best_event_equals_the_threshold():
+    """`presence_threshold` is what the best event's mean probability must reach (params.yaml):
+    equal to it is enough. 0.75 is exact in float32, so the mean is exactly 0.75."""
+    table = frames(20, mouth=pattern(20, (3, 7), value=0.75))
+    at = section_params(EventParams, "events", **{**RAW, "presence": "max", "presence_threshold": 0.75})
+    assert events_of(probs_to_submission(table, OFF, at)) == [(3, 7, ["mouth"])]
+    above = at.replace(presence_threshold=0.76)
+    assert events_of(probs_to_submission(table, OFF, above)) == []
