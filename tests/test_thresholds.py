@@ -168,3 +168,51 @@ def test_tune_on_map_needs_its_per_label_and_refinement_phases():
     assert params.for_label("polyp").min_length == 5 and params.for_label("ulcer").min_length == 1
     per_label = score(gt, probs_to_submission(pd.concat(tables, ignore_index=True), thresholds, params))["per_label@0.5"]
     assert per_label["blood"] == per_label["polyp"] == per_label["ulcer"] == 1.0
+
+
+def _blood_validation(blood_v: float, blood_w: float):
+    """Videos v and w with colon throughout (every video is scored); blood true in v (frames 20-29,
+    at probability `blood_v`) and absent from w, which holds a false blood burst at `blood_w`."""
+    n, colon, blood = 100, LABELS.index("colon"), LABELS.index("blood")
+    tables, gt = [], {"videos": []}
+    for video_id in ("v", "w"):
+        probs = np.zeros((n, NUM_LABELS), np.float32)
+        truth = np.zeros((n, NUM_LABELS), np.uint8)
+        truth[:, colon], probs[:, colon] = 1, 0.95
+        if video_id == "v":
+            truth[20:30, blood], probs[20:30, blood] = 1, blood_v
+        else:
+            probs[60:70, blood] = blood_w
+        rows = {"video_id": video_id, "t": np.arange(n)}
+        tables.append(pd.DataFrame({**rows, **dict(zip(LABELS, probs.T))}))
+        gt["videos"] += labels_to_submission(pd.DataFrame({**rows, **dict(zip(LABELS, truth.T))}))["videos"]
+    start_params = section_params(EventParams, "events", style="per_label", median_window=1, fill_gap=0,
+                                  min_length=1, presence="none", anatomy="none", per_label={})
+    return pd.concat(tables, ignore_index=True), gt, start_params
+
+
+def test_refinement_halves_its_step_each_round():
+    # Blood must fire in v (0.63) and not in w (0.61): only a threshold in (0.61, 0.63] scores
+    # both videos. From 0.6 the first round (step 0.04) tries 0.56 and 0.64 (no gain); only the
+    # halved second step reaches 0.62. Doubled, the second round would try 0.52 and 0.68.
+    frame_probs, gt, start_params = _blood_validation(blood_v=0.63, blood_w=0.61)
+    search = section_params(ThresholdParams, "thresholds", coarse_grid=[0.3, 0.6, 0.9, 1.01], rounds=2,
+                            refine_step=0.04, styles=["per_label"], median_windows=[1], fill_gaps=[0],
+                            min_lengths=[1])
+    start = {**{label: 0.3 for label in LABELS}, "blood": 0.6}
+    thresholds, _, report = tune_on_map(frame_probs, gt, start, start_params, search)
+    assert thresholds["blood"] == pytest.approx(0.62)
+    assert [step["change"] for step in report["steps"]] == ["blood=0.62"]
+
+
+def test_a_threshold_of_exactly_one_still_fires_and_is_refined():
+    # A probability of 1.0 reaches a threshold of 1.0: only thresholds above 1 switch a label off
+    # (report "labels_off"), so a label at 1.0 is refined like any firing label. Blood at 0.98 in
+    # v: the refinement 1.0 - 0.04 = 0.96 catches it, the coarse grid (1.01 only) cannot.
+    frame_probs, gt, start_params = _blood_validation(blood_v=0.98, blood_w=0.0)
+    search = section_params(ThresholdParams, "thresholds", coarse_grid=[1.01], rounds=1, refine_step=0.04,
+                            styles=["per_label"], median_windows=[1], fill_gaps=[0], min_lengths=[1])
+    start = {**{label: 0.3 for label in LABELS}, "blood": 1.0}
+    thresholds, _, report = tune_on_map(frame_probs, gt, start, start_params, search)
+    assert thresholds["blood"] == pytest.approx(0.96)
+    assert "blood" not in report["labels_off"]
