@@ -242,3 +242,42 @@ def test_the_split_search_prefers_rare_labels_on_both_sides_then_balanced_shares
     _, one = split_frames(frames, cfg.replace(candidates=1))
     one_both = sum(one["positive_videos"][label] == {"train": 1, "val": 1} for label in ("z-line", "active bleeding", "ulcer"))
     assert both == 3 and one_both < 3
+
+
+def positives_table(counts: dict[str, dict[str, int]], per_video: int = 10) -> pd.DataFrame:
+    """`per_video` frames per video; counts[video][label]: how many of them are positive (others 0)."""
+    tables = []
+    for video, labels in counts.items():
+        table = pd.DataFrame({"video_id": video, "frame": np.arange(per_video) * 5, "index": np.arange(per_video)})
+        for label in LABELS:
+            table[label] = (np.arange(per_video) < labels.get(label, 0)).astype(np.uint8)
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True)
+
+
+def chosen_validation(counts: dict, val_fraction: float) -> list[str]:
+    """The validation videos the search keeps (its 2000 candidates cover every choice of so few videos)."""
+    cfg = section_params(SplitParams, "split", val_fraction=val_fraction)
+    return split_frames(positives_table(counts), cfg)[1]["videos"]["val"]
+
+
+def test_the_split_search_then_prefers_labels_in_validation():
+    # One validation video of four. Every choice puts colon on both sides (first key tied); only
+    # d holds hematin: with d in validation, validation sees 2 labels, else 1 (the second key).
+    counts = {"a": {"colon": 5}, "b": {"colon": 5}, "c": {"colon": 5}, "d": {"colon": 5, "hematin": 3}}
+    assert chosen_validation(counts, val_fraction=0.25) == ["d"]
+
+
+def test_the_split_search_then_weighs_coverage_by_rarity():
+    # One validation video of five; z-line is in 2 videos (a, b), ulcer in 3 (c, d, e). Any choice
+    # puts one label on both sides (first two keys tied); covering z-line weighs 1/2, ulcer 1/3:
+    # validation is a or b, although c (ulcer share 1/5 = its video share) is better balanced.
+    counts = {"a": {"z-line": 5}, "b": {"z-line": 5}, "c": {"ulcer": 1}, "d": {"ulcer": 2}, "e": {"ulcer": 2}}
+    assert chosen_validation(counts, val_fraction=0.2) in (["a"], ["b"])
+
+
+def test_the_split_search_then_balances_each_labels_validation_share():
+    # One validation video of three, each with colon (all keys before balance tied). Colon frames
+    # 2, 3, 7 of 12: validation should hold a third of them; b (3/12) is the closest, c the farthest.
+    counts = {"a": {"colon": 2}, "b": {"colon": 3}, "c": {"colon": 7}}
+    assert chosen_validation(counts, val_fraction=1 / 3) == ["b"]
