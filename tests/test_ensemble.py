@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import average_precision_score
 
-from vce.core.contracts import probs_schema
+from vce.core.contracts import embeddings_schema, probs_schema
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
 from vce.infer.detect import fusion_weights
-from vce.infer.ensemble import average_precision, class_weights, concat_parquet, fuse
+from vce.infer.ensemble import average_precision, class_weights, concat_parquet, fuse, fuse_embeddings
 
 
 def probs_file(path, videos, frames, probs, valid=None, group=4):
@@ -160,3 +160,29 @@ def test_one_split_need_not_cover_every_labelled_video_and_a_missing_coverage_na
     (dirs[0] / "coverage.json").unlink()
     with pytest.raises(DataError, match=r"coverage.json not found: run `python -m stages.predict --part labelled`"):
         check_coverage(index, dirs, 1)
+
+
+def embeddings_file(path, videos, frames, vectors, group=4):
+    """The embeddings contract, written in row groups of `group` rows."""
+    dim = vectors.shape[1]
+    with pq.ParquetWriter(path, embeddings_schema(dim)) as writer:
+        for start in range(0, len(frames), group):
+            sl = slice(start, start + group)
+            values = pa.FixedSizeListArray.from_arrays(pa.array(vectors[sl].astype(np.float16).ravel()), dim)
+            writer.write_table(pa.Table.from_arrays([pa.array(list(videos[sl])), pa.array(frames[sl]), values],
+                                                    schema=embeddings_schema(dim)))
+    return path
+
+
+def test_fused_embeddings_are_the_mean_over_every_fold(tmp_path):
+    # Three folds (with two, a divisor of 2 would pass): small integers, so float16 holds the
+    # inputs and their mean exactly.
+    rng = np.random.default_rng(0)
+    videos, frames = np.array(["a"] * 6 + ["b"] * 4), np.arange(10, dtype=np.int64)
+    folds = [rng.integers(-8, 9, (10, 5)) * 3.0 for _ in range(3)]  # sums divisible by 3
+    paths = [embeddings_file(tmp_path / f"fold_{k}.parquet", videos, frames, v) for k, v in enumerate(folds)]
+    fuse_embeddings(paths, tmp_path / "fused.parquet")
+    fused = pd.read_parquet(tmp_path / "fused.parquet")
+    assert fused["video_id"].tolist() == list(videos) and fused["frame"].tolist() == list(frames)
+    np.testing.assert_array_equal(np.stack(fused["embedding"]), sum(folds) / 3)
+    assert pq.ParquetFile(tmp_path / "fused.parquet").num_row_groups == 3
