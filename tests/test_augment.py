@@ -5,10 +5,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import repo_params
 from scipy.stats import ks_2samp
 from torchvision import transforms as v1
 from torchvision.transforms.v2 import functional as TF
 
+from vce.core.params import from_dict
+from vce.data.dataset import AugmentParams, train_transform
 from vce.train.augment import AugmentDraw, _color, _erase, _geometry, augment_batch, draw
 
 AUG = SimpleNamespace(crop_scale_min=0.6, hflip=0.5, vflip=0.5, rotation=15.0, brightness=0.2, contrast=0.2,
@@ -120,3 +123,18 @@ def test_erasing_fills_the_box_only():
     out = _erase(images, identity(1, 10, erase=np.array([[2, 3, 4, 5]])), [51, 102, 153])
     assert torch.allclose(out[0, :, 2:6, 3:8], torch.tensor([0.2, 0.4, 0.6]).view(3, 1, 1).expand(3, 4, 5))
     assert torch.allclose(out.sum(), torch.tensor(3 * (100 - 20) + 20 * (0.2 + 0.4 + 0.6)))
+
+
+def test_the_device_path_rounds_as_the_loader_path_does():
+    """Parameters that change nothing: the loader path (torchvision v2 on uint8) returns each
+    frame as it was, and so must the device path, whose float chain lands a hair off the
+    integers (255 * x / 255, bilinear weights, the HSV round trip): rounded, not truncated."""
+    nothing = from_dict(AugmentParams, {**repo_params()["train"]["augment"], "crop_scale_min": 1.0, "hflip": 0.0,
+                                        "vflip": 0.0, "rotation": 0.0, "brightness": 0.0, "contrast": 0.0,
+                                        "saturation": 0.0, "hue": 0.0, "erasing": 0.0}, "train.augment")
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (4, 3, 24, 24), dtype=torch.uint8)
+    loader = torch.stack([train_transform(24, nothing, mean=(0.5, 0.5, 0.5))(image) for image in images])
+    assert torch.equal(loader, images)
+    off = (augment_batch(images, [1, 2, 3, 4], 24, nothing).int() - loader.int()).abs()
+    assert off.max() == 0, f"{int((off > 0).sum())} of {off.numel()} values off by up to {int(off.max())}"
