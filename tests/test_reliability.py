@@ -1,4 +1,4 @@
-"""Hostile inputs across stages (README "Reliability"): empty inputs give valid empty outputs,
+"""Hostile inputs across stages (docs/reliability.md): empty inputs give valid empty outputs,
 bad files give one line naming the file, outputs are never half-written."""
 
 from __future__ import annotations

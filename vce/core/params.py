@@ -95,7 +95,7 @@ class PostParams(Section):
 class ScoreParams(Section):
     """`score`: what is scored besides the validation events (stages score and report)."""
 
-    test_gt: str | None  # ground truth of the test set when known (the demo's), else null
+    test_gt: str | None
 
 
 # Every top-level section of params.yaml; `load_params` rejects any other and any missing.

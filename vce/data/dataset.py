@@ -24,17 +24,17 @@ from vce.data.frames import FrameError, decode_frame
 class AugmentParams(Section):
     """`train.augment`: training augmentation (torchvision v2), seed values (REFERENCE.md)."""
 
-    crop_scale_min: float = Field(gt=0, le=1)  # RandomResizedCrop lower area bound
-    hflip: float = Field(ge=0, le=1)  # horizontal flip probability
-    vflip: float = Field(ge=0, le=1)  # vertical flip probability
-    rotation: float = Field(ge=0, le=180)  # max rotation in degrees
-    brightness: float = Field(ge=0)  # ColorJitter factors
+    crop_scale_min: float = Field(gt=0, le=1)
+    hflip: float = Field(ge=0, le=1)
+    vflip: float = Field(ge=0, le=1)
+    rotation: float = Field(ge=0, le=180)
+    brightness: float = Field(ge=0)
     contrast: float = Field(ge=0)
     saturation: float = Field(ge=0)
     hue: float = Field(ge=0, le=0.5)
-    erasing: float = Field(ge=0, le=1)  # RandomErasing probability
-    erasing_fill: Literal["black", "mean"]  # erased patch: 0 in pixel space | the model's normalisation mean
-    load_scale: float = Field(ge=1)  # decode at image_size × this, so the crop has room (256/224)
+    erasing: float = Field(ge=0, le=1)
+    erasing_fill: Literal["black", "mean"]
+    load_scale: float = Field(ge=1)
 
 
 def rarest_label_weights(labels: np.ndarray) -> np.ndarray:

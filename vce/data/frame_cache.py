@@ -36,11 +36,11 @@ class CacheParams(Section):
     """`cache`: the decoded-frame cache."""
 
     enabled: bool
-    size: int = Field(ge=8)  # pixels
+    size: int = Field(ge=8)
     splits: list[Literal["train", "val", "test"]]
     num_workers: int = Field(ge=0)
     decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
-    interpolation: Literal["bicubic", "bilinear"]  # vce.data.frames.INTERPOLATION
+    interpolation: Literal["bicubic", "bilinear"]
 
 
 class _Decode(Dataset):

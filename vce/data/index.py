@@ -51,14 +51,14 @@ TEST_COLUMNS = [c for c in COLUMNS if c not in LABELS]
 class DataParams(Section):
     """`data`: where the frames and labels are."""
 
-    root: str = Field(min_length=1)  # the Galar layout's root folder
-    labels_dir: str = Field(min_length=1)  # the label CSV folder
+    root: str = Field(min_length=1)
+    labels_dir: str = Field(min_length=1)
     metadata: str | None
     test_root: str | None
     check_png_end: bool
     max_missing_fraction: float = Field(ge=0, le=1)
     report_examples: int = Field(ge=0)
-    max_frame_pixels: int = Field(ge=1)  # width × height a frame header may declare (decompression bombs)
+    max_frame_pixels: int = Field(ge=1)
 
 
 def _under(root: Path, path: str) -> Path:

@@ -27,12 +27,12 @@ class SplitParams(Section):
 
     seed: int = Field(ge=0)
     val_fraction: float = Field(gt=0, lt=1)
-    n_folds: int = Field(ge=1)  # 1: one split
+    n_folds: int = Field(ge=1)
     fold: int = Field(ge=0)
-    folds: list[int]  # the fold ids DVC's train/predict matrix runs: must be [0, 1, …, n_folds - 1]
+    folds: list[int]
     candidates: int = Field(ge=1)
-    val_videos: list[str | int]  # explicit validation video ids (e.g. one device or centre); [] = chosen by the search
-    test_videos: list[str | int]  # labelled video ids held out as a test set (in no part, no fold); [] = none
+    val_videos: list[str | int]
+    test_videos: list[str | int]
 
     @model_validator(mode="after")
     def _fold_exists(self):

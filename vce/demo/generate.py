@@ -72,7 +72,7 @@ class DemoParams(Section):
     test_frames_per_video: int = Field(ge=100)
     image_size: int = Field(ge=16, le=512)
     frame_step: int = Field(ge=1)
-    region_fractions: list[Annotated[float, Field(gt=0)]]  # shares of mouth … colon
+    region_fractions: list[Annotated[float, Field(gt=0)]]
     region_jitter: float = Field(ge=0)
     presence_floor: float = Field(ge=0, le=1)
     events_per_label: float = Field(ge=1)

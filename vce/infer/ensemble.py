@@ -34,7 +34,7 @@ from vce.post.timeline import match_frames
 class EnsembleParams(Section):
     """`ensemble`: how the folds' test probabilities are fused."""
 
-    method: Literal["mean", "ap"]  # mean: equal weights; ap: per class, proportional to each fold's OOF AP
+    method: Literal["mean", "ap"]
 
 
 # ----------------------------------------------------------------------------- scores

@@ -47,15 +47,15 @@ class PredictParams(Section):
     batch_size: int = Field(ge=1)
     num_workers: int = Field(ge=0)
     tta_flip: bool
-    embeddings: bool  # the temporal stage reads them
-    splits: list[Literal["train", "val"]]  # labelled splits besides the test set
+    embeddings: bool
+    splits: list[Literal["train", "val"]]
     device: Literal["auto", "cpu", "cuda"]
     bf16: bool
     compile: bool
     row_group_frames: int = Field(ge=1)
     decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
-    decode_chunk: int = Field(ge=1)  # frames one loader task decodes; batches are assembled from chunks
-    prefetch_chunks: int = Field(ge=1)  # chunks each worker (or the cache reader thread) keeps ready
+    decode_chunk: int = Field(ge=1)
+    prefetch_chunks: int = Field(ge=1)
 
 
 @torch.no_grad()

@@ -53,9 +53,9 @@ __all__ = [
 class ModelParams(Section):
     """`model`: the image model, one factory for every source."""
 
-    source: str  # tiny | random | hf-hub:ORG/NAME | local-dir:PATH
+    source: str
     diff_attention: bool
-    diff_init: Literal["neutral", "preserving"]  # vce.model.diff_attention: head pairing | function-preserving
+    diff_init: Literal["neutral", "preserving"]
     dropout: float = Field(ge=0, lt=1)
     # frame_probs: "mean" = average of classifier and contrastive sigmoid probabilities (the
     # project's choice; the seed's report does not say how it combined them), "cls" or "con" alone.

@@ -39,7 +39,7 @@ HF_TEXT_FILES = ("config.json", "vocab.txt", "tokenizer_config.json")
 class PromptParams(Section):
     """`prompts`: label prompt templates for the text tower."""
 
-    templates: list[str] = Field(min_length=1)  # {label} is replaced by each label name
+    templates: list[str] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _placeholders(self):

@@ -54,20 +54,20 @@ class EventParams(Section):
     """`events`: frame probabilities → events (per-label overrides in `per_label`)."""
 
     style: Literal["tuple", "per_label"]
-    median_window: OddInt  # median filter window in frames
+    median_window: OddInt
     fill_gap: int = Field(ge=0)
     min_length: int = Field(ge=1)
     presence: Literal["none", "max", "frames"]
     presence_threshold: float = Field(ge=0, le=1)
     presence_min_frames: int = Field(ge=1)
     multi_label: bool
-    per_label: dict[str, dict[str, Any]]  # label -> {knob: value} overriding LABEL_KNOBS
-    anatomy: Literal["none", "viterbi"]  # viterbi: regions from one monotone path (vce.post.anatomy)
-    emission: Literal["probs", "runs"]  # viterbi: region scores from probabilities or thresholded runs
-    switch_penalty: float = Field(ge=0)  # viterbi: cost of each region switch
-    landmarks: Literal["window", "peak"]  # viterbi: landmark runs kept near / placed at boundaries
-    landmark_window: int = Field(ge=0)  # viterbi: frames either side of a boundary where its landmark may fire
-    landmark_length: int = Field(ge=1)  # viterbi, peak: frames of the event placed at the landmark's peak
+    per_label: dict[str, dict[str, Any]]
+    anatomy: Literal["none", "viterbi"]
+    emission: Literal["probs", "runs"]
+    switch_penalty: float = Field(ge=0)
+    landmarks: Literal["window", "peak"]
+    landmark_window: int = Field(ge=0)
+    landmark_length: int = Field(ge=1)
     _label_params: dict = PrivateAttr(default_factory=dict)  # for_label's cache
 
     @model_validator(mode="after")

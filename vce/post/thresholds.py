@@ -53,13 +53,13 @@ Probability = Annotated[float, Field(ge=0, le=1)]
 class ThresholdParams(Section):
     """`thresholds`: how per-class thresholds (and, for `map`, event knobs) are chosen."""
 
-    method: Literal["f1", "map", "engine"]  # engine: the score engine (vce.post.engine), fitted on validation
+    method: Literal["f1", "map", "engine"]
     low_support: Probability
     low_start: Probability
     grid_start: Probability
     grid_stop: Probability
     grid_step: float = Field(gt=0, le=1)
-    off_threshold: float = Field(gt=1)  # a threshold no probability reaches
+    off_threshold: float = Field(gt=1)
     objective: Literal["mean", "map@0.5", "map@0.95"]
     coarse_grid: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
     rounds: int = Field(ge=0)
@@ -69,7 +69,7 @@ class ThresholdParams(Section):
     fill_gaps: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     min_lengths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
     presence_thresholds: list[Probability] = Field(min_length=1)
-    engine: EngineParams  # what `method: engine` searches
+    engine: EngineParams
 
     @model_validator(mode="after")
     def _grids(self):

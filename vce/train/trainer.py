@@ -41,21 +41,21 @@ class TrainParams(Section):
     lr_backbone: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     pct_start: float = Field(gt=0, lt=1)
-    final_div_factor: float = Field(gt=0)  # OneCycle's last lr = max_lr / 25 / this
-    allow_high_lr: bool  # let a pretrained source train with lr_backbone > MAX_PRETRAINED_LR
+    final_div_factor: float = Field(gt=0)
+    allow_high_lr: bool
     ema_decay: float = Field(ge=0, lt=1)
     ema_warmup: bool
-    mixup_alpha: float = Field(ge=0)  # 0 disables mixup
-    samples_per_epoch: int = Field(ge=0)  # 0 = all training frames
+    mixup_alpha: float = Field(ge=0)
+    samples_per_epoch: int = Field(ge=0)
     val_batch_size: int = Field(ge=1)
     num_workers: int = Field(ge=0)
-    checkpoint_every: int = Field(ge=0)  # 0 = once per epoch
-    extend: bool  # continue a finished run of fewer epochs in the state folder (else: train from scratch)
+    checkpoint_every: int = Field(ge=0)
+    extend: bool
     device: Literal["auto", "cpu", "cuda"]
     bf16: bool
     compile: bool
     decoder: Literal["pyspng", "opencv", "pil", "torchvision"]
-    augment_on: Literal["loader", "device"]  # where `augment` runs: DataLoader workers | the model's device
+    augment_on: Literal["loader", "device"]
     augment: AugmentParams
 
 
