@@ -4,7 +4,7 @@ Split by purpose, so that a new test exam costs only its own frames:
 
 - ``--part labelled`` (dvc.yaml `predict@k`): the labelled videos fold k holds out
   (`val.parquet`, out of fold: the model never trained on them, checked against the videos the
-  model file records) and, with `split.n_folds: 1` and `train` in `predict.splits`, its own
+  model file records) and, with one split (`split.folds: [0]`) and `train` in `predict.splits`, its own
   training videos (`train.parquet`, for the temporal model). Also writes `coverage.json`
   (fold, held-out videos, the model's training videos) for the ensemble stage's coverage check.
 - ``--part test`` (dvc.yaml `predict_test@k`): the test set (`test.parquet`, possibly empty):

@@ -47,7 +47,7 @@ def ensemble_argv(args, tmp_path) -> list[str]:
 
 
 def run_folds(tmp_path, n_folds: int, **overrides):
-    args = prepare_demo(tmp_path, split={"n_folds": n_folds, "folds": list(range(n_folds))},
+    args = prepare_demo(tmp_path, split={"folds": list(range(n_folds))},
                         train={"epochs": 1, "samples_per_epoch": 64}, **overrides)
     for fold in range(n_folds):
         argv = fold_argv(args, tmp_path, fold)
@@ -208,12 +208,15 @@ def test_one_split_keeps_the_single_model_layout(tmp_path):
         f"{s}{e}.parquet" for s in ("train", "val", "test") for e in ("", "_embeddings")}
 
 
-def test_folds_must_list_every_fold_of_n_folds():
+def test_folds_is_the_one_fold_key_and_must_be_0_to_k_minus_1():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["split"]
-    assert from_dict(SplitParams, {**params, "n_folds": 3, "folds": [0, 1, 2]}, "split").folds == [0, 1, 2]
-    for folds in ([0, 1], [0, 1, 2, 3], [1, 2, 0], [0, 0, 1]):
-        with pytest.raises(ParamsError, match=r"split\.folds.*\[0, 1, 2\] for n_folds = 3"):
-            from_dict(SplitParams, {**params, "n_folds": 3, "folds": folds}, "split")
+    three = from_dict(SplitParams, {**params, "folds": [0, 1, 2]}, "split")
+    assert (three.folds, three.n_folds) == ([0, 1, 2], 3)
+    for folds in ([1, 2], [0, 2], [1, 2, 0], [0, 0, 1]):
+        with pytest.raises(ParamsError, match=r"^split\.folds = .*: must be the fold ids 0..k-1 in order"):
+            from_dict(SplitParams, {**params, "folds": folds}, "split")
+    with pytest.raises(ParamsError, match=r"^unknown key split\.n_folds"):
+        from_dict(SplitParams, {**params, "n_folds": 3}, "split")
 
 
 def test_fold_frames_names_the_missing_column_and_the_empty_fold():

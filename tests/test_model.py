@@ -121,6 +121,41 @@ def test_hf_hub_without_weights_is_an_error_not_random(tmp_path, offline_hub):
         create_model(section_params(ModelParams, "model", source="hf-hub:test-org/absent", cache_dir=str(cache)))
 
 
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Network on, but the hub's address refuses connections (as a machine without network does)."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "https://127.0.0.1:9")
+
+
+def test_hub_reachable_is_false_for_a_refused_or_unnamed_host():
+    from vce.model.hub import hub_reachable
+
+    assert not hub_reachable("https://127.0.0.1:9", timeout=2.0)
+    assert not hub_reachable("not a url", timeout=2.0)
+
+
+def test_an_unreachable_hub_fails_in_seconds_naming_the_source(tmp_path, unreachable_hub):
+    """No hub and nothing cached: one error within seconds (huggingface_hub alone retried ~40 s a file)."""
+    import time
+
+    began = time.perf_counter()
+    with pytest.raises(SourceError, match=r"hf-hub:test-org/absent: cannot fetch open_clip_config.json "
+                                          r"from the hub \(https://127.0.0.1:9 cannot be reached"):
+        create_model(section_params(ModelParams, "model", source="hf-hub:test-org/absent",
+                                    cache_dir=str(tmp_path / "empty")))
+    assert time.perf_counter() - began < 10
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is True  # for the rest of the process
+
+
+def test_an_unreachable_hub_still_loads_what_the_cache_holds(tmp_path, unreachable_hub):
+    clip = write_local_dir(tmp_path / "repo", tiny_config())
+    cache = write_hub_cache(tmp_path / "cache", tmp_path / "repo")
+    model = create_model(section_params(ModelParams, "model", source=f"hf-hub:{REPO_ID}", cache_dir=str(cache)))
+    assert torch.equal(model.visual.head.proj.weight, clip.visual.head.proj.weight)
+
+
 def test_random_source_is_biomedclip_vit_b16_with_12_differential_blocks():
     with torch.device("meta"):  # architecture only: skip initialising 2 × 86 M parameters
         model = create_model(section_params(ModelParams, "model", source="random"))

@@ -224,7 +224,7 @@ def test_non_finite_per_label_override_is_refused():
     ("predict", "splits", ["tset"], "predict.splits[0] = 'tset': must be one of 'train' or 'val'"),
     ("prompts", "templates", ["no placeholder"], "prompts.templates[0] = 'no placeholder': has no {label}"),
     ("prompts", "templates", [], "prompts.templates = []: must have at least 1 item"),
-    ("split", "fold", 3, "split.fold = 3: must be in 0..n_folds-1 (n_folds = 1)"),
+    ("split", "folds", [1], "split.folds = [1]: must be the fold ids 0..k-1 in order, e.g. [0] for k = 1 folds"),
     ("demo", "min_event_frames", 80, "demo.min_event_frames = 80: must be <= max_event_frames (60)"),
     ("temporal", "kernel_size", 2, "temporal.kernel_size = 2: must be an odd integer"),
     ("thresholds", "median_windows", [1, 4], "thresholds.median_windows[1] = 4: must be an odd integer"),

@@ -68,27 +68,31 @@ def test_summary_counts_match_the_frames():
     json.dumps(summary)  # plain JSON types only
 
 
-def test_k_fold_partitions_videos_and_fold_picks_validation():
-    frames = frame_table()
-    vals = []
+def test_k_fold_partitions_videos_and_fold_0_is_the_split_columns_validation():
+    from vce.data.folds import fold_frames
+
+    out, summary = split_frames(frame_table(), section_params(SplitParams, "split", folds=[0, 1, 2, 3]))
+    fold_of = summary["fold_of_video"]
+    vals = [{v for v, f in fold_of.items() if f == fold} for fold in range(4)]
+    assert [len(v) for v in vals] == [5, 5, 5, 5]
+    assert set().union(*vals) == {str(v) for v in range(1, 21)}, "each video is validation in exactly one fold"
+    assert set(out.loc[out["split"] == "val", "video_id"]) == vals[0] == set(summary["videos"]["val"])
     for fold in range(4):
-        _, summary = split_frames(frames, section_params(SplitParams, "split", n_folds=4, folds=[0, 1, 2, 3], fold=fold))
-        assert summary["n_videos"]["val"] == 5
-        vals.append(set(summary["videos"]["val"]))
-        assert summary["fold_of_video"] == split_frames(
-            frames, section_params(SplitParams, "split", n_folds=4, folds=[0, 1, 2, 3], fold=0))[1]["fold_of_video"]
-    assert set().union(*vals) == {str(v) for v in range(1, 21)}
-    assert sum(len(v) for v in vals) == 20, "each video is validation in exactly one fold"
+        view = fold_frames(out, fold)
+        assert set(view.loc[view["split"] == "val", "video_id"]) == vals[fold]
+    assert summary["n_folds"] == 4 and summary["fold"] == 0
 
 
 def test_too_few_videos_and_bad_params_are_errors():
     with pytest.raises(ValueError, match="^a split by video needs at least 2 videos, the index has 1$"):
         split_frames(frame_table(n_videos=1), section_params(SplitParams, "split"))
     with pytest.raises(ValueError, match=(
-            "^split.n_folds = 5 needs at least that many videos, the index has 3$")):
-        split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", n_folds=5, folds=[0, 1, 2, 3, 4]))
-    with pytest.raises(ParamsError, match=r"^split.fold = 3: must be in 0..n_folds-1 \(n_folds = 3\)$"):
-        from_dict(SplitParams, {**repo_params()["split"], "n_folds": 3, "fold": 3}, "split")
+            r"^split.folds = \[0, 1, 2, 3, 4\]: 5 folds need at least that many videos, the index has 3$")):
+        split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", folds=[0, 1, 2, 3, 4]))
+    with pytest.raises(ParamsError, match=r"^split.folds = \[0, 2\]: must be the fold ids 0..k-1 in order, e.g. \[0, 1\]"):
+        from_dict(SplitParams, {**repo_params()["split"], "folds": [0, 2]}, "split")
+    with pytest.raises(ParamsError, match=r"^split.folds = \[\]: must have at least 1 item"):
+        from_dict(SplitParams, {**repo_params()["split"], "folds": []}, "split")
     with pytest.raises(ParamsError, match=r"^split.val_fraction = 1.0: must be < 1.0$"):
         from_dict(SplitParams, {**repo_params()["split"], "val_fraction": 1.0}, "split")
 
@@ -132,8 +136,8 @@ def test_explicit_validation_videos_are_checked_against_the_index():
         split_frames(frames, section_params(SplitParams, "split", val_videos=["2", "99"]))
     with pytest.raises(ParamsError, match=r"^split.val_videos: lists all 4 videos"):
         split_frames(frames, section_params(SplitParams, "split", val_videos=["1", "2", "3", "4"]))
-    with pytest.raises(ParamsError, match=r"^split.val_videos = \[.1.\]: explicit validation videos need n_folds = 1"):
-        from_dict(SplitParams, {**repo_params()["split"], "n_folds": 2, "folds": [0, 1], "val_videos": ["1"]}, "split")
+    with pytest.raises(ParamsError, match=r"^split.val_videos = \[.1.\]: explicit validation videos need one split, split.folds = \[0\] \(it lists 2 folds\)$"):
+        from_dict(SplitParams, {**repo_params()["split"], "folds": [0, 1], "val_videos": ["1"]}, "split")
     with pytest.raises(ParamsError, match=r"^split.val_videos = .*: lists a video twice"):
         from_dict(SplitParams, {**repo_params()["split"], "val_videos": ["1", 1]}, "split")
 
@@ -144,7 +148,7 @@ def test_explicit_validation_videos_are_checked_against_the_index():
 def test_test_videos_are_held_out_of_every_part_and_fold():
     frames = frame_table()
     for n_folds in (1, 4):
-        folds = {"n_folds": n_folds, "folds": list(range(n_folds))}
+        folds = {"folds": list(range(n_folds))}
         out, summary = split_frames(frames, section_params(SplitParams, "split", test_videos=["3", 17], **folds))
         test = out[out["split"] == "test"]
         assert set(test["video_id"]) == {"3", "17"} and len(test) == 2 * 30
@@ -183,11 +187,11 @@ def test_test_videos_are_checked_against_the_index_and_the_other_keys():
                                           r"the frame index has \['1', '2', '3', '4'\]$"):
         split_frames(frames, section_params(SplitParams, "split", test_videos=["2", 99]))
     with pytest.raises(ParamsError, match=r"^split.test_videos: holds out 3 of the 4 labelled videos, 1 left "
-                                          r"for training and validation; split.n_folds = 1 needs at least 2$"):
+                                          r"for training and validation; split.folds = \[0\] needs at least 2$"):
         split_frames(frames, section_params(SplitParams, "split", test_videos=["1", "2", "3"]))
     with pytest.raises(ParamsError, match=r"^split.test_videos: holds out 2 of the 4 labelled videos, 2 left "
-                                          r"for training and validation; split.n_folds = 3 needs at least 3$"):
-        split_frames(frames, section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2], test_videos=["1", "2"]))
+                                          r"for training and validation; split.folds = \[0, 1, 2\] needs at least 3$"):
+        split_frames(frames, section_params(SplitParams, "split", folds=[0, 1, 2], test_videos=["1", "2"]))
     assert split_frames(frames, section_params(SplitParams, "split", test_videos=["1", "2"]))[1]["n_videos"] == {
         "train": 1, "val": 1}
     with pytest.raises(ParamsError, match=r"^split.test_videos = \['3', '4'\]: video\(s\) \['3'\] are also in "
@@ -220,8 +224,8 @@ def test_group_sizes_keep_one_video_on_each_side_and_allow_one_video_per_fold():
 
     assert group_sizes(4, section_params(SplitParams, "split", val_fraction=0.95)) == [1, 3]  # never all validation
     assert group_sizes(4, section_params(SplitParams, "split", val_fraction=0.01)) == [3, 1]  # never none
-    assert group_sizes(3, section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2])) == [1, 1, 1]
-    out, _ = split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", n_folds=3, folds=[0, 1, 2]))
+    assert group_sizes(3, section_params(SplitParams, "split", folds=[0, 1, 2])) == [1, 1, 1]
+    out, _ = split_frames(frame_table(n_videos=3), section_params(SplitParams, "split", folds=[0, 1, 2]))
     assert sorted(out.groupby("video_id")["fold"].first()) == [0, 1, 2]
 
 

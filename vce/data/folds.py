@@ -1,7 +1,7 @@
 """K-fold views of the split frame index: which videos fold k trains on and which it holds out.
 
 The split stage writes a `fold` column: the fold whose model holds each video out (never
-trains on it). With `split.n_folds: 1` the validation videos are fold 0 and the training
+trains on it). With one split (`split.folds: [0]`) the validation videos are fold 0 and the training
 videos -1 (held out by no fold), so fold 0 of one split is today's train/validation split.
 `fold_frames(frames, k)` rewrites the `split` column for model k: "val" for its held-out
 videos, "train" for every other labelled video.
@@ -23,7 +23,7 @@ def fold_frames(frames: pd.DataFrame, fold: int, where: str = "the split frame i
     if not held_out.any():
         folds = sorted(int(f) for f in frames["fold"].unique() if f >= 0)
         raise DataError(f"{where}: fold {fold} holds out no video (folds present: {folds}); "
-                        "split.n_folds and split.folds must agree with the split stage's output")
+                        "split.folds must agree with the split stage's output: rerun the split stage")
     out = frames.copy()
     out["split"] = np.where(held_out, "val", "train")
     return out

@@ -5,8 +5,9 @@ random assignments of videos to parts (deterministic from the seed), the kept on
 order: labels with positives in both train and validation; labels with positives in validation;
 coverage weighted towards labels present in few videos; then balance (each label's share of
 positive frames in validation close to the validation share of videos).
-With `n_folds` > 1 the videos are cut into that many folds, scored summed over folds (so the
-partition does not depend on `fold`), and fold `fold` is the validation part.
+With k = len(`folds`) > 1 the videos are cut into k folds, scored summed over folds; the
+`split` column then marks fold 0 as the validation part (each fold's model reads its own view,
+`vce.data.folds.fold_frames`).
 `test_videos` are labelled videos held out before any of that: in no part and no fold, never
 trained on nor tuned on, predicted and scored like the test set (split "test").
 """
@@ -27,12 +28,15 @@ class SplitParams(Section):
 
     seed: int = Field(ge=0)
     val_fraction: float = Field(gt=0, lt=1)
-    n_folds: int = Field(ge=1)
-    fold: int = Field(ge=0)
-    folds: list[int]
+    folds: list[int] = Field(min_length=1)
     candidates: int = Field(ge=1)
     val_videos: list[str | int]
     test_videos: list[str | int]
+
+    @property
+    def n_folds(self) -> int:
+        """k: the one key `folds` lists the fold ids 0..k-1 (DVC's train/predict matrix iterates it)."""
+        return len(self.folds)
 
     @model_validator(mode="after")
     def _fold_exists(self):
@@ -42,13 +46,12 @@ class SplitParams(Section):
         self.require(not both, "test_videos",
                      f"video(s) {both} are also in split.val_videos: a video is validation or test, not both")
         self.require(not self.val_videos or self.n_folds == 1, "val_videos",
-                     f"explicit validation videos need n_folds = 1 (n_folds = {self.n_folds})")
+                     f"explicit validation videos need one split, split.folds = [0] (it lists {self.n_folds} folds)")
         self.require(len(set(map(str, self.val_videos))) == len(self.val_videos), "val_videos",
                      f"lists a video twice: {self.val_videos}")
-        self.require(self.fold < self.n_folds, "fold", f"must be in 0..n_folds-1 (n_folds = {self.n_folds})")
         self.require(self.folds == list(range(self.n_folds)), "folds",
-                     f"must list every fold 0..n_folds-1 once, in order: {list(range(self.n_folds))} "
-                     f"for n_folds = {self.n_folds} (dvc.yaml's train/predict matrix runs one entry per item)")
+                     f"must be the fold ids 0..k-1 in order, e.g. {list(range(self.n_folds))} for k = {self.n_folds} "
+                     "folds ([0]: one train/validation split; dvc.yaml's train/predict matrix runs one entry per item)")
         return self
 
 
@@ -68,7 +71,7 @@ def group_sizes(n_videos: int, cfg: SplitParams) -> list[int]:
         n_val = int(np.clip(round(cfg.val_fraction * n_videos), 1, n_videos - 1))
         return [n_videos - n_val, n_val]
     if n_videos < cfg.n_folds:
-        raise DataError(f"split.n_folds = {cfg.n_folds} needs at least that many videos, "
+        raise DataError(f"split.folds = {cfg.folds}: {cfg.n_folds} folds need at least that many videos, "
                          f"the index has {n_videos}")
     return [len(part) for part in np.array_split(np.arange(n_videos), cfg.n_folds)]
 
@@ -135,7 +138,7 @@ def held_out_mask(frames: pd.DataFrame, cfg: SplitParams) -> np.ndarray:
     left, needed = len(known) - len(wanted), 2 if cfg.n_folds == 1 else cfg.n_folds
     if wanted and left < needed:
         raise ParamsError(f"split.test_videos: holds out {len(wanted)} of the {len(known)} labelled videos, "
-                          f"{left} left for training and validation; split.n_folds = {cfg.n_folds} needs at least {needed}")
+                          f"{left} left for training and validation; split.folds = {cfg.folds} needs at least {needed}")
     return videos.isin(wanted).to_numpy()
 
 
@@ -150,7 +153,7 @@ def split_frames(frames: pd.DataFrame, cfg: SplitParams) -> tuple[pd.DataFrame, 
     frames = frames[~held].reset_index(drop=True)
     positives = video_positives(frames)
     groups = explicit_groups(positives, cfg.val_videos) if cfg.val_videos else assign_groups(positives, cfg)
-    val_group = 1 if cfg.n_folds == 1 else cfg.fold
+    val_group = 1 if cfg.n_folds == 1 else 0
     is_val = pd.Series(groups == val_group, index=positives.index)
     out = frames.copy()
     out["split"] = np.where(out["video_id"].map(is_val).to_numpy(dtype=bool), "val", "train")
@@ -173,7 +176,7 @@ def summarise(frames: pd.DataFrame, positives: pd.DataFrame, is_val: pd.Series,
               groups: np.ndarray, cfg: SplitParams) -> dict:
     parts = {"train": ~is_val, "val": is_val}
     summary = {
-        "seed": cfg.seed, "n_folds": cfg.n_folds, "fold": cfg.fold,
+        "seed": cfg.seed, "n_folds": cfg.n_folds, "fold": 0,
         "chosen_by": "split.val_videos" if cfg.val_videos else "search",
         "n_videos": {name: int(mask.sum()) for name, mask in parts.items()},
         "n_frames": {name: int((frames["split"] == name).sum()) for name in parts},

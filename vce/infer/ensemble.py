@@ -158,7 +158,7 @@ def check_coverage(frames: pd.DataFrame, fold_dirs: dict[int, Path], n_folds: in
     missing = sorted(labelled - set(owner)) if n_folds > 1 else []
     if missing:
         raise DataError(f"{len(missing)} labelled video(s) have no out-of-fold prediction, e.g. {missing[0]} "
-                        f"(folds predicted: {sorted(fold_dirs)}; split.n_folds = {n_folds})")
+                        f"(folds predicted: {sorted(fold_dirs)}; split.folds lists {n_folds})")
     return held
 
 

@@ -91,10 +91,25 @@ def resolve_source(source: str, cache_dir: str | None = None) -> tuple[dict, Pat
     raise SourceError(f"model.source={source!r}: unknown source")
 
 
+def _reach_note() -> str:
+    """Before a hub download: offline mode when the hub cannot be reached (`vce.model.hub`); the
+    words an error then adds."""
+    import huggingface_hub.constants as hub
+
+    from vce.model.hub import go_offline_unless_reachable
+
+    if hub.HF_HUB_OFFLINE:
+        return " (offline mode: only the local cache is read)"
+    if go_offline_unless_reachable():
+        return ""
+    return f" ({hub.ENDPOINT} cannot be reached: only the local cache is read)"
+
+
 def _resolve_hub(source: str, cache_dir: str | None) -> tuple[dict, Path]:
     from open_clip.pretrained import download_pretrained_from_hf
 
     model_id = source[len(HF_HUB_PREFIX):]
+    reach = _reach_note()
     files = {}
     for what, filename in (("config", "open_clip_config.json"), ("weights", None)):
         try:
@@ -102,7 +117,7 @@ def _resolve_hub(source: str, cache_dir: str | None) -> tuple[dict, Path]:
         except Exception as err:  # hub errors come in many types; the message is what matters
             wanted = filename or "open_clip_pytorch_model.bin (or .safetensors)"
             raise SourceError(
-                f"model.source={source}: cannot fetch {wanted} from the hub ({err}); without "
+                f"model.source={source}: cannot fetch {wanted} from the hub{reach} ({err}); without "
                 "network use local-dir:PATH with an offline copy (refusing random weights)"
             ) from None
     return _read_json(files["config"], source), files["weights"]
@@ -178,6 +193,7 @@ def _timm_files(source: str, cache_dir: str | None) -> tuple[Path, Path]:
         from huggingface_hub import hf_hub_download
 
         repo = rest[len(HF_HUB_PREFIX):]
+        reach = _reach_note()
         found, errors = {}, []
         for what, names in (("config", ("config.json",)), ("weights", TIMM_WEIGHT_FILES)):
             for name in names:
@@ -187,7 +203,7 @@ def _timm_files(source: str, cache_dir: str | None) -> tuple[Path, Path]:
                 except Exception as err:  # hub errors come in many types; the message is what matters
                     errors.append(f"{name}: {err}")
             if what not in found:
-                raise SourceError(f"model.source={source}: cannot fetch {' or '.join(names)} from the hub "
+                raise SourceError(f"model.source={source}: cannot fetch {' or '.join(names)} from the hub{reach} "
                                   f"({'; '.join(errors)}); without network use timm:local-dir:PATH "
                                   "(refusing random weights)")
         return found["config"], found["weights"]

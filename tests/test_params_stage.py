@@ -1,0 +1,64 @@
+"""The `params` stage: the whole params.yaml checked first, so a bad value anywhere stops the graph early."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT, load_stage, write_params
+
+from vce.core.params import SECTIONS
+
+
+def run_check(tmp_path, capsys, **sections):
+    params = write_params(tmp_path / "params.yaml", **sections)
+    out = tmp_path / "params_check.json"
+    code = load_stage("params").main(["--params", str(params), "--out", str(out)])
+    return code, out, capsys.readouterr().err
+
+
+def test_the_repository_params_hold_and_the_output_does_not_move_with_valid_values(tmp_path, capsys):
+    code, out, err = run_check(tmp_path, capsys)
+    assert (code, err) == (0, "")
+    first = out.read_bytes()
+    assert json.loads(first)["sections"] == list(SECTIONS)
+    code, out, _ = run_check(tmp_path, capsys, train={"epochs": 1}, events={"median_window": 3})
+    assert code == 0 and out.read_bytes() == first  # downstream stages rerun only for what they read
+
+
+@pytest.mark.parametrize(("sections", "message"), [
+    ({"events": {"median_window": 4}}, "error: events.median_window = 4: must be an odd integer\n"),
+    ({"report": {"curve_points": 0}}, "error: report.curve_points = 0: must be >= "),
+    ({"split": {"folds": [0, 2]}}, "error: split.folds = [0, 2]: must be the fold ids 0..k-1 in order"),
+    ({"post": {"probs": "temporal"}, "predict": {"embeddings": False}},
+     "error: post.probs = 'temporal' needs predict.embeddings: true"),
+    ({"post": {"probs": "temporal"}, "predict": {"splits": ["val"]}},
+     "error: post.probs = 'temporal' with one split needs 'train' in predict.splits"),
+    ({"model": {"source": "local-dir:/nowhere"}},
+     "error: train.lr_backbone = 0.003 with the pretrained model.source 'local-dir:/nowhere'"),
+    ({"train": {"samples_per_epoch": 10}}, "error: train.samples_per_epoch = 10: fewer than one batch"),
+    ({"model": {"source": "timm:local-dir:/x", "fusion": "con"}}, "error: model.fusion = 'con': con needs a text tower"),
+])
+def test_a_bad_value_in_any_section_or_across_sections_is_one_line_naming_the_key(tmp_path, capsys, sections, message):
+    code, out, err = run_check(tmp_path, capsys, **sections)
+    assert code == 2 and not out.exists()
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_every_other_stage_depends_on_the_check_so_dvc_runs_it_first():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    check = stages["params"]
+    assert check["outs"] == [{"metrics/params_check.json": {"cache": False}}]
+    assert check["params"] == list(SECTIONS)  # any value change reruns the check
+    lacking = [name for name, stage in stages.items() if name != "params"
+               and "metrics/params_check.json" not in stage["deps"]]
+    assert lacking == []
+
+
+def test_help_imports_nothing_heavy():
+    code = ("import sys, runpy; sys.argv = ['params', '--help']\n"
+            "try:\n    runpy.run_module('stages.params', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'pyarrow', 'sklearn', 'scipy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
