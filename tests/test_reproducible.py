@@ -23,6 +23,8 @@ def lines(name: str) -> list[str]:
 def locked() -> dict[str, str]:
     pins = {}
     for line in lines("requirements.lock"):
+        if line == "-e .":  # the project's own package, editable
+            continue
         req = Requirement(line)
         spec = list(req.specifier)
         assert len(spec) == 1 and spec[0].operator == "==", f"requirements.lock: {line!r} is not name==version"
@@ -39,6 +41,14 @@ def test_every_direct_requirement_is_locked_within_its_range():
         assert req.specifier.contains(pins[name], prereleases=True), \
             f"requirements.lock pins {req.name}=={pins[name]}, outside requirements.txt's {req.specifier}"
     assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+
+
+def test_the_set_up_installs_the_package_editable_so_it_imports_from_any_folder(tmp_path):
+    assert lines("requirements.lock")[-1] == "-e ."
+    found = subprocess.run([sys.executable, "-c", "import vce; print(vce.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert found.returncode == 0, f"import vce outside the repository failed: {found.stderr.strip()[-200:]}"
+    assert found.stdout.strip() == str(ROOT / "vce" / "__init__.py")  # this checkout's files, not a copy
 
 
 def test_every_installed_dependency_matches_the_lock():
