@@ -48,7 +48,7 @@ from scipy.stats import norm
 
 from bench.simulate import FIXTURE, ROOT, SEED_AUC, run_protocol, setup
 from vce.core.labels import LABELS, PATHOLOGY, REGIONS
-from vce.post.engine import _pieces
+from vce.post.engine.candidates import _pieces
 
 
 def _ar1(rng, shape, rho: float) -> np.ndarray:
