@@ -112,22 +112,32 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     events = clinical = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
     if alternatives is not None:
         events = _appended(timeline, clinical, alternatives, min_length, top_k, path, regions)
+    features = _run_features(timeline, k, starts[order], ends[order], video, rank, confidence[order], evidence, path,
+                             shares)
+    return Candidates(events, clinical, evidence, features)
+
+
+def _run_features(timeline: Timeline, k: int, starts: np.ndarray, ends: np.ndarray, video: np.ndarray,
+                  rank: np.ndarray, confidence: np.ndarray, evidence: np.ndarray, path: np.ndarray | None,
+                  shares: list | None) -> dict:
+    """The video-level features (`PRESENCE_FEATURES`) of label k's runs, given in rank order with
+    their video, rank inside it and mean probability; `evidence` is the strongest run's ("max")."""
+    n_videos = len(evidence)
     has = np.isfinite(evidence)
     count = np.bincount(video, minlength=n_videos).astype(float)
     top = rank < 3
-    top3 = np.bincount(video[top], confidence[order][top], minlength=n_videos) / np.maximum(np.minimum(count, 3), 1)
-    lengths = (ends - starts + 1)[order].astype(float)
+    top3 = np.bincount(video[top], confidence[top], minlength=n_videos) / np.maximum(np.minimum(count, 3), 1)
+    lengths = (ends - starts + 1).astype(float)
     frames = np.bincount(video, lengths, minlength=n_videos)
     # The region a run sits in: its middle frame's state on the path (-1, no region: share 0).
-    share = np.ones(len(order))
+    share = np.ones(len(starts))
     if shares is not None and path is not None:
-        state = path[(starts + ends)[order] // 2]
+        state = path[(starts + ends) // 2]
         share = np.where(state >= 0, np.asarray(shares)[np.maximum(state, 0)], 0.0)
     region = np.bincount(video, lengths * share, minlength=n_videos) / np.maximum(frames, 1)
-    features = {"max": evidence, "top3": np.where(has, top3, -np.inf), "frames": np.where(has, frames, -np.inf),
-                "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf),
-                "region": np.where(has, region, -np.inf)}
-    return Candidates(events, clinical, evidence, features)
+    return {"max": evidence, "top3": np.where(has, top3, -np.inf), "frames": np.where(has, frames, -np.inf),
+            "count": np.where(has, count, -np.inf), "peak": np.where(has, _video_peaks(timeline, k), -np.inf),
+            "region": np.where(has, region, -np.inf)}
 
 
 def _appended(timeline: Timeline, events: list, alternatives: tuple, min_length: int, top_k: int,
