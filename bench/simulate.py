@@ -235,7 +235,7 @@ def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_par
     out["held_out"] = held_out
     out["engine_tuning_seconds"] = round(engine_seconds, 1)
     out["engine_report"] = engine.report
-    out["engine_policies"] = {label: {k: v for k, v in policy.items() if k not in ("variants", "anchors", "length_priors")}
+    out["engine_policies"] = {label: {k: v for k, v in policy.to_dict().items() if k not in ("variants", "anchors", "length_priors")}
                               for label, policy in engine.policies.items()}
     out["engine_per_label"] = decomposition(gt_test, engine_sub)
     return out

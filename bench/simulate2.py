@@ -48,7 +48,8 @@ from scipy.stats import norm
 
 from bench.simulate import FIXTURE, ROOT, SEED_AUC, run_protocol, setup
 from vce.core.labels import LABELS, PATHOLOGY, REGIONS
-from vce.post.engine import _pieces
+from vce.post.engine.candidates import _pieces
+from vce.post.runs import runs_of
 
 
 def _ar1(rng, shape, rho: float) -> np.ndarray:
@@ -83,9 +84,8 @@ def as_scored_runs(video_id: str, times: np.ndarray, soft: np.ndarray) -> dict:
     state = np.where(soft.sum(axis=1) > 0, soft.argmax(axis=1), -1)
     events = []
     for k, region in enumerate(REGIONS):
-        edges = np.diff((state == k).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
         events += [{"start": int(times[a]), "end": int(times[b]), "label": [region]}
-                   for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1)]
+                   for a, b in zip(*runs_of(state == k))]
     return {"video_id": video_id, "events": events}
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, read_index
+from vce.core.contracts import all_test_frames, probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import check_labels
@@ -81,9 +81,8 @@ def main(argv=None) -> int:
     engine = load_engine(args.thresholds)
     if tuned:
         event_params = from_dict(EventParams, tuned, f"{args.thresholds}:events")
-    probs_dir = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
-    val_probs = args.val_probs or str(probs_dir / "val.parquet")
-    test_probs = args.test_probs or str(probs_dir / "test.parquet")
+    val_probs = args.val_probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
+    test_probs = args.test_probs or str(probs_file(source, "test", args.predict_dir, args.temporal_dir))
     out = Path(args.out_dir)
     test_frames = all_test_frames(read_index(args.test_frames), read_index(args.held_out) if args.held_out else None)
     for name, probs_path, frames in (("val", val_probs, read_index(args.frames)),

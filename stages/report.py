@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, read_index
+from vce.core.contracts import all_test_frames, probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import read_json
 from vce.core.labels import LABELS
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs
     configured_events = from_dict(EventParams, all_params["events"], "events").model_dump()
-    folder = Path(args.temporal_dir if source == "temporal" else args.predict_dir)
-    probs, labels = join_probs(read_index(args.probs or folder / "val.parquet"), read_index(args.frames))
+    probs_path = args.probs or probs_file(source, "val", args.predict_dir, args.temporal_dir)
+    probs, labels = join_probs(read_index(probs_path), read_index(args.frames))
     if labels is None:
         raise DataError(f"{args.frames} has no label columns: the report needs labelled validation frames")
     valid = probs["valid"].to_numpy()
@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     test_gt = read_json(args.test_gt or Path(args.gt).with_name("test_gt.json"), "test ground truth")
     if test_gt["videos"]:  # the score stage knew the test ground truth: a held-out score
         index = all_test_frames(read_index(args.test_index), read_index(args.held_out) if args.held_out else None)
-        test_probs, _ = join_probs(read_index(args.test_probs or folder / "test.parquet"), index)
+        test_probs_path = args.test_probs or probs_file(source, "test", args.predict_dir, args.temporal_dir)
+        test_probs, _ = join_probs(read_index(test_probs_path), index)
         known = {video["video_id"] for video in test_gt["videos"]}  # test-root videos without truth: not drawn
         test_probs = test_probs[test_probs["video_id"].astype(str).isin(known)].reset_index(drop=True)
         test_events = read_json(args.test_events, "test events")

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import read_index
+from vce.core.contracts import probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
     event_params = from_dict(EventParams, params["events"], "events")
     seed = from_dict(BaseParams, params["base"], "base").seed
     frames = read_index(args.frames)
-    probs_path = args.probs or str(Path(args.temporal_dir if source == "temporal" else args.predict_dir) / "val.parquet")
+    probs_path = args.probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
     probs, labels = join_probs(read_index(probs_path), frames)
     if len(probs) == 0:
         raise DataError(f"{probs_path} has no frames (post.probs: {source})")

@@ -11,6 +11,7 @@ from test_engine import _engine_params, _labels, _table
 import vce.post.arhmm as arhmm
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
+from vce.post.anatomy import clipped_logits as _logits
 from vce.post.arhmm import (
     ar_posterior_runs,
     ar_run_strength,
@@ -23,16 +24,9 @@ from vce.post.arhmm import (
     phase_chain,
     state_lengths,
 )
-from vce.post.engine import (
-    Engine,
-    _logits,
-    engine_submission,
-    fit_engine,
-    hysteresis_runs,
-    label_truth,
-    run_candidates,
-    tuning_timeline,
-)
+from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
+from vce.post.engine.candidates import hysteresis_runs, run_candidates
+from vce.post.engine.regions import label_truth
 from vce.post.events import build_timeline, labels_to_submission
 
 BLOOD = LABELS.index("blood")
@@ -345,15 +339,15 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
     params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     policy = engine.policies["blood"]
-    assert policy["kind"] == "runs" and policy["detector"] == "ar" and policy["ar_model"]["separation"] > 2.0
-    assert (len(policy["ar_model"]["off_phases"]), len(policy["ar_model"]["on_phases"])) == (3, 2)  # params.yaml's
-    assert policy["ar_levels"] == [0.1, 0.3, 0.5, 0.7, 0.9]  # params.yaml's
+    assert policy.kind == "runs" and policy.detector == "ar" and policy.ar_model["separation"] > 2.0
+    assert (len(policy.ar_model["off_phases"]), len(policy.ar_model["on_phases"])) == (3, 2)  # params.yaml's
+    assert policy.ar_levels == [0.1, 0.3, 0.5, 0.7, 0.9]  # params.yaml's
     submission, _ = engine_submission(frame_probs, engine)
     saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
     assert engine_submission(frame_probs, saved)[0] == submission
     # Its events are the decoded runs, then the posterior runs (none without levels).
     bare = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
-    bare.policies["blood"]["ar_levels"] = []
+    bare.policies["blood"].ar_levels = []
     blood = [[(e["start"], e["end"]) for e in v["events"] if e["label"] == ["blood"]]
              for sub in (submission, engine_submission(frame_probs, bare)[0]) for v in sub["videos"]]
     with_levels, without = blood[:6], blood[6:]
@@ -361,10 +355,10 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
     assert sum(len(a) - len(b) for a, b in zip(with_levels, without)) > 0
     # Below the separation bar the label is not decoded at all; the threshold grid decides.
     single = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0, ar_off_phases=1, ar_on_phases=1)
-    model = fit_engine(tuning_timeline(frame_probs, single), gt, single).policies["blood"]["ar_model"]
+    model = fit_engine(tuning_timeline(frame_probs, single), gt, single).policies["blood"].ar_model
     assert model["off_phases"] == [[1.0, model["p01"]]] and model["on_phases"] == [[1.0, model["p10"]]]
     strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_sqrt_videos=0.0)
-    assert fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"].get("detector") != "ar"
+    assert getattr(fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"], "detector", None) != "ar"
     # An engine from before the decoder (no "detector"), or an ar policy without its model or its
     # posterior levels, is refused.
     for drop in ("detector", "ar_model", "ar_levels"):
@@ -382,8 +376,8 @@ def test_a_silent_labels_decoded_runs_still_cut_the_regions():
     frame_probs, gt = _ar_videos(4, seed=11)
     params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=10.0)  # every finding off
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    shadow = engine.policies["blood"]["shadow"]
-    assert engine.policies["blood"]["kind"] == "off" and shadow["detector"] == "ar" and "ar_model" in shadow
+    shadow = engine.policies["blood"].shadow
+    assert engine.policies["blood"].kind == "off" and shadow.detector == "ar" and shadow.ar_model is not None
     saved = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))
     submission, _ = engine_submission(frame_probs, saved)
     inside = {(e["start"], e["end"]) for e in gt["videos"][0]["events"]
@@ -413,14 +407,14 @@ def test_each_region_ranks_its_cut_pieces_in_the_order_that_scores_better_on_the
         fitted[tuple(orders)] = fit_engine(tuning_timeline(frame_probs, params), gt, params).policies
     picked = set()
     for region in REGIONS:
-        longest, shortest = (fitted[(order,)][region]["tuning_ap"] for order in ("longest", "shortest"))
+        longest, shortest = (fitted[(order,)][region].tuning_ap for order in ("longest", "shortest"))
         both = fitted[("longest", "shortest")][region]
-        assert both["tuning_ap"] == max(longest, shortest)
-        assert both["cut_order"] == ("shortest" if shortest > longest else "longest")
-        picked.add(both["cut_order"])
+        assert both.tuning_ap == max(longest, shortest)
+        assert both.cut_order == ("shortest" if shortest > longest else "longest")
+        picked.add(both.cut_order)
     assert picked == {"longest", "shortest"}  # this data holds regions of each kind
     data = {"coef": [], "intercept": [], "switch_penalty": 0.0, "region_cuts": True, "top_k": 1,
-            "policies": {**fitted[("longest",)]}, "centres": None, "durations": None, "temperatures": None}
+            "policies": {label: policy.to_dict() for label, policy in fitted[("longest",)].items()}, "centres": None, "durations": None, "temperatures": None}
     data["policies"]["colon"] = {k: v for k, v in data["policies"]["colon"].items() if k != "cut_order"}
     with pytest.raises(DataError, match=r"'colon' policy lacks \['cut_order'\].*rerun the thresholds stage"):
         Engine.from_dict(data)

@@ -13,9 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MAX_README_LINES = 300
 
-# Pages written by work in flight (the score engine's package writes docs/engine.md). Each must
-# not exist yet: once it does, its links are checked like any other, so drop it here.
-NOT_YET_WRITTEN = {"docs/engine.md"}
 
 
 def broken_links(text: str, folder: Path) -> list[str]:
@@ -25,8 +22,7 @@ def broken_links(text: str, folder: Path) -> list[str]:
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue
         path = (folder / target.split("#")[0]).resolve()
-        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-        if not path.exists() and name not in NOT_YET_WRITTEN:
+        if not path.exists():
             broken.append(target)
     return broken
 
@@ -41,11 +37,7 @@ def test_links_of_the_readme_and_docs_resolve():
             if (broken := broken_links(page.read_text(), page.parent))} == {}
 
 
-def test_pages_not_yet_written_are_still_missing():
-    assert [name for name in NOT_YET_WRITTEN if (ROOT / name).exists()] == []
-
-
 def test_a_broken_link_is_found():
     text = ("[ok](metric.md) [anchor](metric.md#which-score-to-trust) [web](https://dvc.org) "
-            "[up](../README.md#experiments) [gone](no_such_page.md) [pending](engine.md)\n")
+            "[up](../README.md#experiments) [gone](no_such_page.md) [engine](engine.md)\n")
     assert broken_links(text, ROOT / "docs") == ["no_such_page.md"]

@@ -11,26 +11,12 @@ from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
 from vce.core.params import ParamsError, from_dict
 from vce.eval.score import average_precisions, check_submission, score
-from vce.post.engine import (
-    FROM_END,
-    FROM_START,
-    RUN,
-    Engine,
-    LabelObjective,
-    engine_submission,
-    fit_engine,
-    fit_gate,
-    hysteresis_runs,
-    learn_anchors,
-    learn_compatibility,
-    learn_durations,
-    learn_variants,
-    region_candidates,
-    region_truth,
-    run_candidates,
-    select_videos,
-    tuning_timeline,
-)
+from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
+from vce.post.engine.candidates import hysteresis_runs, learn_compatibility, region_candidates, run_candidates
+from vce.post.engine.fit import select_videos
+from vce.post.engine.gate import LabelObjective, fit_gate
+from vce.post.engine.regions import learn_durations, region_truth
+from vce.post.engine.variants import FROM_END, FROM_START, RUN, learn_anchors, learn_variants
 from vce.post.events import build_timeline, labels_to_submission
 from vce.post.thresholds import ThresholdParams
 
@@ -185,10 +171,10 @@ def test_learned_variants_and_anchors_follow_the_ground_truth():
     params = _engine_params()
     timeline = tuning_timeline(frame_probs, params)
     engine = fit_engine(timeline, gt, params)
-    assert [RUN, 0, -2] in engine.policies["mouth"]["variants"]  # the GT mouth ends 2 frames before the decoded run
+    assert [RUN, 0, -2] in engine.policies["mouth"].variants  # the GT mouth ends 2 frames before the decoded run
     # Anchors: an event 3 frames long starting 2 frames before the boundary, in every video.
     from vce.post.anatomy import decode_regions
-    from vce.post.engine import region_emissions
+    from vce.post.engine.regions import region_emissions
 
     path = decode_regions(timeline, region_emissions(timeline, engine.coef, engine.intercept), engine.switch_penalty)
     landmark_gt = {"videos": [{"video_id": v["video_id"], "events": v["events"] + [
@@ -308,7 +294,7 @@ def test_the_emission_bar_scales_with_the_square_root_of_the_tuning_videos():
     for bar, kind in ((0.158, "runs"), (1.41, "runs"), (1.42, "off")):  # the gain of 2 against bar x sqrt(2)
         params = _engine_params(min_gain_sqrt_videos=bar)
         engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-        assert engine.policies["polyp"]["kind"] == kind, bar
+        assert engine.policies["polyp"].kind == kind, bar
 
 
 def test_learned_durations_are_quantiles_of_the_training_runs():
@@ -360,7 +346,7 @@ def test_cross_fitted_estimate_scores_each_half_with_the_other_halfs_engine():
 
 
 def test_region_prior_weight_is_added_to_the_calibrated_intercepts():
-    from vce.post.engine import fit_calibration, region_log_prior
+    from vce.post.engine.regions import fit_calibration, region_log_prior
 
     truth = np.repeat([0, 1, 2, 3, 4, -1], [1, 1, 2, 4, 0, 3])
     assert region_log_prior(truth).tolist() == pytest.approx(np.log([1 / 8, 1 / 8, 2 / 8, 4 / 8, 1e-6]).tolist())
@@ -391,7 +377,7 @@ def test_shadow_cuts_append_pieces_cut_at_runs_of_labels_left_silent():
         params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=shadow, region_variants=0, cut_orders=[order])
         engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
         engine = Engine.from_dict(json.loads(json.dumps(engine.to_dict())))  # the order is kept in JSON
-        assert engine.policies["polyp"]["kind"] == "off" and ("shadow" in engine.policies["polyp"]) == shadow
+        assert engine.policies["polyp"].kind == "off" and (engine.policies["polyp"].shadow is not None) == shadow
         submission, _ = engine_submission(frame_probs, engine)
         assert not any(e["label"] == ["polyp"] for v in submission["videos"] for e in v["events"])
         intestine = [(e["start"], e["end"]) for e in submission["videos"][0]["events"] if e["label"] == ["small intestine"]]
@@ -417,8 +403,8 @@ def test_presence_gate_picks_the_video_feature_that_separates_present_from_absen
     for features, kind in ((["max"], "off"), (["max", "frames"], "runs")):
         params = _engine_params(presence_features=features, min_gain_sqrt_videos=0.1, min_lengths=[1], median_windows=[1])
         engine = fit_engine(timeline, gt, params)
-        assert engine.policies["polyp"]["kind"] == kind
-    assert engine.policies["polyp"]["evidence"] == "frames"
+        assert engine.policies["polyp"].kind == kind
+    assert engine.policies["polyp"].evidence == "frames"
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {"v0", "v2"}
@@ -427,13 +413,13 @@ def test_presence_gate_picks_the_video_feature_that_separates_present_from_absen
 def test_the_timeline_reach_covers_the_shadow_runs_windows():
     """A label left silent still decodes its shadow runs: their median window sets the reach too,
     or the window would see the next video's frames."""
-    from vce.post.engine import _reach
+    from vce.post.engine.apply import _reach
 
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
     params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=True, region_variants=0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    engine.policies["polyp"]["shadow"]["median_window"] = 31
-    assert all(p["kind"] != "runs" or p["median_window"] < 31 for p in engine.policies.values())
+    engine.policies["polyp"].shadow.median_window = 31
+    assert all(p.kind != "runs" or p.median_window < 31 for p in engine.policies.values())
     assert _reach(engine) == 15
     together, _ = engine_submission(frame_probs, engine)
     apart = [engine_submission(frame_probs[frame_probs.video_id == v], engine)[0]["videos"][0] for v in ("v0", "v1")]
@@ -444,7 +430,7 @@ def test_region_calibration_samples_each_region_equally():
     """Up to n_frames / 5 frames of each region: with every region that large, the shares are
     equal and on uninformative scores the intercepts stay level (a uniform frame sample would put
     the mouth ~2.3 log units under the small intestine, its prior counted again at every frame)."""
-    from vce.post.engine import fit_calibration
+    from vce.post.engine.regions import fit_calibration
 
     shares = [500, 500, 1000, 5000, 2000]
     regions = np.repeat(np.arange(5), shares)

@@ -9,23 +9,12 @@ from test_engine import _engine_params, _labels, _table, _videos
 
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
-from vce.post.engine import (
-    MIN_CALIBRATION_FRAMES,
-    Engine,
-    _fit_weighted_logistic,
-    calibrated,
-    engine_submission,
-    fit_engine,
-    fit_presence_model,
-    fit_temperatures,
-    label_truth,
-    presence_inputs,
-    presence_rates,
-    presence_score,
-    presence_weighting,
-    run_candidates,
-    tuning_timeline,
-)
+from vce.post.engine import Engine, engine_submission, fit_engine, presence_rates, tuning_timeline
+from vce.post.engine.calibration import MIN_CALIBRATION_FRAMES, calibrated, fit_temperatures
+from vce.post.engine.candidates import run_candidates
+from vce.post.engine.findings import presence_weighting
+from vce.post.engine.gate import _fit_weighted_logistic, fit_presence_model, presence_inputs, presence_score
+from vce.post.engine.regions import label_truth
 from vce.post.events import build_timeline, labels_to_submission
 
 POLYP = LABELS.index("polyp")
@@ -96,10 +85,10 @@ def test_a_timid_finding_is_emitted_once_calibrated_and_the_engine_keeps_it_in_j
     frame_probs["polyp"] = np.where(frame_probs["polyp"] > 0.5, 0.2, 0.02).astype(np.float32)
     plain = _engine_params(min_gain_sqrt_videos=0.1, finding_calibration=False, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, plain), gt, plain)
-    assert engine.policies["polyp"]["kind"] == "off" and engine.temperatures is None
+    assert engine.policies["polyp"].kind == "off" and engine.temperatures is None
     params = _engine_params(min_gain_sqrt_videos=0.1, finding_calibration=True, ar_runs=False)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    assert engine.policies["polyp"]["kind"] == "runs" and engine.temperatures[POLYP][0] > 0
+    assert engine.policies["polyp"].kind == "runs" and engine.temperatures[POLYP][0] > 0
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {f"v{v}" for v in range(0, 8, 2)}
@@ -172,10 +161,10 @@ def test_joint_presence_separates_what_no_single_feature_can():
     assert set(np.round(c.features["max"], 2)) == {0.9, 0.99} and set(c.features["frames"]) == {1, 6}
     knobs = {"min_gain_sqrt_videos": 0.1, "min_lengths": [1], "median_windows": [1], "thresholds": [0.5]}
     single = _engine_params(presence_features=["max", "top3", "frames", "count", "peak", "region"], **knobs)
-    assert fit_engine(timeline, gt, single).policies["polyp"]["kind"] == "off"
+    assert fit_engine(timeline, gt, single).policies["polyp"].kind == "off"
     params = _engine_params(presence_features=["max", "frames", "joint"], **knobs)
     engine = fit_engine(timeline, gt, params)
-    assert engine.policies["polyp"]["evidence"] == "joint"
+    assert engine.policies["polyp"].evidence == "joint"
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {f"v{v}" for v in range(0, 15, 3)}
@@ -187,7 +176,7 @@ def test_joint_alone_without_enough_videos_leaves_the_label_silent():
     frame_probs, gt = _videos(2, seed=6, polyp_every=2)  # 1 present, 1 absent video: no model
     params = _engine_params(presence_features=["joint"], min_gain_sqrt_videos=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    assert engine.policies["polyp"]["kind"] == "off"
+    assert engine.policies["polyp"].kind == "off"
     assert isinstance(pd.DataFrame(engine_submission(frame_probs, engine)[0]["videos"]), pd.DataFrame)
 
 
@@ -225,7 +214,7 @@ def test_region_feature_is_the_run_frames_mean_share_of_their_decoded_region():
     c = run_candidates(timeline, POLYP, 0.5, 1, 1, 10, path=path, shares=shares)
     assert c.features["region"][0] == pytest.approx(4 * 0.8 / 6)
     assert run_candidates(timeline, POLYP, 0.5, 1, 1, 10).features["region"][0] == 1.0
-    from vce.post.engine import region_shares
+    from vce.post.engine.candidates import region_shares
 
     gt = {"videos": [{"video_id": "v", "events": [{"start": 0, "end": 7, "label": ["small intestine", "polyp"]},
                                                   {"start": 8, "end": 9, "label": ["colon", "polyp"]},
@@ -254,8 +243,8 @@ def test_the_region_gate_admits_runs_in_the_findings_region_only():
         frame_probs.loc[rows[-15:-9], "polyp"] = np.float32(0.9)  # inside the colon (40-80 frames long)
     params = _engine_params(presence_features=["max", "frames", "region"], min_gain_sqrt_videos=0.1)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    assert engine.policies["polyp"]["evidence"] == "region"
-    assert engine.policies["polyp"]["shares"] == pytest.approx([0, 0, 0, 1, 0])
+    assert engine.policies["polyp"].evidence == "region"
+    assert engine.policies["polyp"].shares == pytest.approx([0, 0, 0, 1, 0])
     submission, _ = engine_submission(frame_probs, engine)
     emitted = {v["video_id"] for v in submission["videos"] if any(e["label"] == ["polyp"] for e in v["events"])}
     assert emitted == {f"v{v}" for v in range(0, 8, 2)}
@@ -285,9 +274,9 @@ def test_a_finding_every_tuning_video_holds_is_weighed_with_its_presence_rate():
     frame_probs, gt = _videos(2, polyp_every=1)  # both tuning videos hold a clear polyp
     params = _engine_params()
     timeline = tuning_timeline(frame_probs, params)
-    assert fit_engine(timeline, gt, params).policies["polyp"]["kind"] == "runs"
+    assert fit_engine(timeline, gt, params).policies["polyp"].kind == "runs"
     # Rare over every labelled video: emitting it everywhere would cost the many videos without it.
     rare = fit_engine(timeline, gt, params, rates={"polyp": 0.25})
-    assert rare.policies["polyp"]["kind"] == "off" and rare.policies["polyp"]["tuning_ap"] == 0.75
+    assert rare.policies["polyp"].kind == "off" and rare.policies["polyp"].tuning_ap == 0.75
     common = fit_engine(timeline, gt, params, rates={"polyp": 0.9})
-    assert common.policies["polyp"]["kind"] == "runs" and common.policies["polyp"]["tuning_ap"] == pytest.approx(0.9)
+    assert common.policies["polyp"].kind == "runs" and common.policies["polyp"].tuning_ap == pytest.approx(0.9)

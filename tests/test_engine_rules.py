@@ -1,5 +1,5 @@
 """Rules of the score engine that a mutation sweep (each comparison and offset of
-vce/post/engine.py flipped, the engine tests run) found no test held."""
+vce/post/engine.py, now the vce/post/engine package, flipped, the engine tests run) found no test held."""
 
 import numpy as np
 import pandas as pd
@@ -7,21 +7,11 @@ import pytest
 from test_engine import _engine_params, _table, _videos
 
 from vce.core.labels import LABELS
-from vce.post.engine import (
-    RUN,
-    _pieces,
-    anchored_candidates,
-    cross_fit,
-    engine_submission,
-    fit_engine,
-    fit_presence_model,
-    learn_anchors,
-    learn_variants,
-    region_candidates,
-    run_candidates,
-    select_videos,
-    tuning_timeline,
-)
+from vce.post.engine import cross_fit, engine_submission, fit_engine, tuning_timeline
+from vce.post.engine.candidates import _pieces, anchored_candidates, region_candidates, run_candidates
+from vce.post.engine.fit import select_videos
+from vce.post.engine.gate import fit_presence_model
+from vce.post.engine.variants import RUN, learn_anchors, learn_variants
 from vce.post.events import build_timeline
 
 POLYP = LABELS.index("polyp")
@@ -115,7 +105,7 @@ def test_without_region_cuts_the_shadow_runs_cut_nothing():
     frame_probs, gt = _videos(2, seed=3, polyp_every=1)
     params = _engine_params(min_gain_sqrt_videos=1.5, shadow_cuts=True, region_variants=0, region_cuts=False)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
-    assert "shadow" in engine.policies["polyp"]
+    assert engine.policies["polyp"].shadow is not None
     submission, _ = engine_submission(frame_probs, engine)
     for video in submission["videos"]:
         intestine = [e for e in video["events"] if e["label"] == ["small intestine"]]
@@ -137,7 +127,7 @@ def test_the_tuning_timeline_reaches_half_the_widest_median_window():
 
 
 def test_each_half_of_the_duration_prior_works_alone_and_an_unseen_region_is_free():
-    from vce.post.engine import learn_durations, region_truth
+    from vce.post.engine.regions import learn_durations, region_truth
 
     frame_probs, gt = _videos(4, seed=5)
     timeline = tuning_timeline(frame_probs, _engine_params())
@@ -155,7 +145,7 @@ def test_a_two_region_calibration_is_one_logistic_split_in_two():
     """With only two regions in the tuning truth, the binary regression's weights w give the two
     rows -w/2 and +w/2 (a softmax over two classes), the regions never seen an almost-never intercept."""
     from vce.post.anatomy import EMISSION_FLOOR
-    from vce.post.engine import fit_calibration
+    from vce.post.engine.regions import fit_calibration
 
     regions = np.repeat([2, 3], [300, 300])
     table = _table(regions, "v")

@@ -15,7 +15,7 @@ from vce.core.contracts import embeddings_schema, probs_schema
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
 from vce.infer.detect import fusion_weights
-from vce.infer.ensemble import average_precision, class_weights, concat_parquet, fuse, fuse_embeddings
+from vce.infer.ensemble import class_weights, concat_parquet, frame_average_precision, fuse, fuse_embeddings
 
 
 def probs_file(path, videos, frames, probs, valid=None, group=4):
@@ -35,8 +35,8 @@ def test_average_precision_equals_sklearn_with_ties(seed):
     rng = np.random.default_rng(seed)
     y = rng.random(500) < 0.1
     scores = np.round(rng.random(500), 1)  # many ties
-    assert average_precision(y, scores) == pytest.approx(average_precision_score(y, scores), abs=1e-12)
-    assert average_precision(np.zeros(5, bool), scores[:5]) is None
+    assert frame_average_precision(y, scores) == pytest.approx(average_precision_score(y, scores), abs=1e-12)
+    assert frame_average_precision(np.zeros(5, bool), scores[:5]) is None
 
 
 def test_ap_weights_follow_each_folds_ap_and_fall_back_to_equal():

@@ -267,16 +267,17 @@ def test_the_reach_a_timeline_needs_is_the_longest_half_window_or_gap_fill():
 
 
 def test_a_timeline_with_other_probabilities_forgets_the_old_ones_caches():
-    from vce.post.events import _mean_prob, _prob_cum, build_timeline
+    from vce.post.events import build_timeline
+    from vce.post.runs import mean_probs
 
     timeline = build_timeline(frames(10, polyp=np.full(10, 0.2)), max_reach=1)
     k = LABELS.index("polyp")
     seen = np.flatnonzero(timeline.observed)
     starts, ends = seen[:1], seen[-1:]
-    assert _mean_prob(timeline, _prob_cum(timeline, k), starts, ends)[0] == pytest.approx(0.2)
+    assert mean_probs(timeline, k, starts, ends)[0] == pytest.approx(0.2)
     timeline.region_paths["key"] = np.zeros(3)
     other = timeline.with_probs(np.where(timeline.observed, np.float32(0.6), np.nan).astype(np.float32)[None].repeat(17, 0))
-    assert _mean_prob(other, _prob_cum(other, k), starts, ends)[0] == pytest.approx(0.6)
+    assert mean_probs(other, k, starts, ends)[0] == pytest.approx(0.6)
     assert other.region_paths == {} and other.time is timeline.time
 
 

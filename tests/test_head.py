@@ -9,7 +9,8 @@ from conftest import section_params
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, REGIONS
 from vce.eval.score import score
-from vce.post.engine import Engine, engine_submission, fit_engine, head_candidates, tuning_timeline
+from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
+from vce.post.engine.candidates import head_candidates
 from vce.post.events import build_timeline, labels_to_submission
 from vce.post.head import ESOPHAGUS, MOUTH, head_lengths, head_posterior, head_profiles, length_prior, ranked_cells
 from vce.post.thresholds import ThresholdParams
@@ -136,7 +137,7 @@ def test_the_engine_takes_the_head_where_it_beats_the_decoded_run():
 
     params = _engine_params()
     engine = fit_engine(tuning_timeline(frames, params), gt, params)
-    assert engine.policies["mouth"]["kind"] == "head" and engine.policies["esophagus"]["kind"] == "head"
+    assert engine.policies["mouth"].kind == "head" and engine.policies["esophagus"].kind == "head"
     submission, clinical = engine_submission(test_frames, engine)
     result = score(gt_test, submission)
     assert result["per_label@0.95"]["mouth"] == 1.0 and result["per_label@0.95"]["esophagus"] == 1.0
@@ -153,7 +154,7 @@ def test_the_engine_takes_the_head_where_it_beats_the_decoded_run():
     # Without the head the decoded path cannot tell where the mouth ends: no exact mouth at 0.95.
     plain = _engine_params(head_candidates=0)
     engine = fit_engine(tuning_timeline(frames, plain), gt, plain)
-    assert engine.policies["mouth"]["kind"] == "region"
+    assert engine.policies["mouth"].kind == "region"
     assert score(gt_test, engine_submission(test_frames, engine)[0])["per_label@0.95"]["mouth"] < 1.0
 
 
@@ -162,4 +163,4 @@ def test_the_decoded_run_keeps_a_region_the_head_only_ties():
     frames = pd.concat([t for t, _ in tune], ignore_index=True)
     params = _engine_params()
     engine = fit_engine(tuning_timeline(frames, params), {"videos": [v for _, videos in tune for v in videos]}, params)
-    assert engine.policies["mouth"]["kind"] == "region" and engine.policies["mouth"]["tuning_ap"] == 1.0
+    assert engine.policies["mouth"].kind == "region" and engine.policies["mouth"].tuning_ap == 1.0

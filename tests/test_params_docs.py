@@ -32,11 +32,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
 
-# Modules whose Section fields still carry descriptions, to be moved into params.yaml by work in
-# flight (the score engine's split into a package). Each must exist: when it is gone, drop it here.
-NOT_YET_MOVED = {"vce/post/engine.py"}
-
-
 # ----------------------------------------------------------------------------- params.yaml
 
 
@@ -251,15 +246,9 @@ def _vce_sources() -> dict[str, str]:
 
 def test_no_section_field_carries_a_description():
     files = _vce_sources()
-    sections, found = section_field_comments(
-        {path: source for path, source in files.items() if path not in NOT_YET_MOVED})
+    sections, found = section_field_comments(files)
     assert {"TrainParams", "DataParams", "EventParams", "ThresholdParams", "AugmentParams"} <= sections
     assert found == []
-
-
-def test_the_modules_not_yet_moved_still_exist():
-    """An exception outlives its reason only until the module is gone: then remove it above."""
-    assert [path for path in NOT_YET_MOVED if not (ROOT / path).is_file()] == []
 
 
 def test_the_field_rule_finds_a_comment_through_a_subclass_and_a_continuation_line():

@@ -202,8 +202,8 @@ def fold_workspace(workspace):
 
 
 def test_folds_cross_fit_validation_and_train_the_test_model_on_every_video(fold_workspace):
-    from stages.temporal import load_split
     from vce.infer.temporal import select_videos
+    from vce.infer.temporal_fit import load_split
 
     ws = fold_workspace
     assert run_stage(ws) == 0

@@ -7,7 +7,8 @@ to a format is made in one place and every reader sees it:
   path, label columns, split — read with `read_index`; the test set is `all_test_frames` of the test
   index and the held-out labelled videos;
 - probabilities (`data/predict/<split>.parquet`, `data/temporal/<split>.parquet`):
-  `probs_schema()`, written by `write_probs`;
+  `probs_schema()`, written by `write_probs`; `post.probs` picks which one later stages read
+  (`probs_file`);
 - embeddings (`data/predict/<split>_embeddings.parquet`): `embeddings_schema(dim)`.
 
 This module needs neither torch nor torchvision: post-processing and scoring import it.
@@ -77,9 +78,15 @@ def write_probs(path: str | Path, table: pd.DataFrame) -> None:
         pq.write_table(pa.Table.from_pandas(table, schema=probs_schema(), preserve_index=False), tmp)
 
 
-def probs_dir(source: str, predict_dir: str | Path, temporal_dir: str | Path) -> Path:
-    """The folder holding the probabilities of `source` (`frame` → predict, `temporal` → temporal)."""
+def temporal_probs(source: str) -> bool:
+    """Whether the probabilities `source` names (`post.probs`, or the `probs` a thresholds.json
+    was tuned on) are the temporal model's refined ones (`data/temporal`) rather than the frame
+    model's (`data/predict`); an unknown source is an error."""
     if source not in PROBS_SOURCES:
-        raise ValueError(f"unknown probabilities source {source!r}; allowed: {list(PROBS_SOURCES)}")
-    return Path(temporal_dir if source == "temporal" else predict_dir)
+        raise DataError(f"unknown probabilities source {source!r}; allowed: {list(PROBS_SOURCES)}")
+    return source == "temporal"
 
+
+def probs_file(source: str, split: str, predict_dir: str | Path, temporal_dir: str | Path) -> Path:
+    """`<split>.parquet` of the probabilities `source` names: in `temporal_dir` or `predict_dir`."""
+    return Path(temporal_dir if temporal_probs(source) else predict_dir) / f"{split}.parquet"

@@ -84,8 +84,9 @@ def greedy_hits(gt: list[tuple[int, int]], pred: list[tuple[int, int]], threshol
     return hits
 
 
-def average_precision(hits: list[int], n_gt: int, n_pred: int) -> float:
-    """AP = sum_k precision@k * (recall@k - recall@k-1); no ground truth: 1 if nothing predicted."""
+def ranked_hits_ap(hits: list[int], n_gt: int, n_pred: int) -> float:
+    """The official AP of predictions in file order from their `greedy_hits`: sum_k precision@k *
+    (recall@k - recall@k-1); no ground truth: 1 if nothing predicted, else 0."""
     if n_gt == 0:
         return 0.0 if n_pred else 1.0
     true_positives = np.cumsum(hits)
@@ -101,7 +102,7 @@ def row_matches(gt: dict, prediction: dict, video_id: str) -> list[RowMatches]:
         g, p = gt_segments[label], pred_segments[label]
         hits = {threshold: greedy_hits(g, p, threshold) for threshold in THRESHOLDS}
         rows.append(RowMatches(label, g, p, hits,
-                               {threshold: average_precision(hits[threshold], len(g), len(p)) for threshold in THRESHOLDS}))
+                               {threshold: ranked_hits_ap(hits[threshold], len(g), len(p)) for threshold in THRESHOLDS}))
     return rows
 
 

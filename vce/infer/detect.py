@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from vce.core import runner
-from vce.core.contracts import read_index
+from vce.core.contracts import read_index, temporal_probs
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS, check_labels
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     if not models:
         raise DataError("no models: pass --models or train the pipeline (models/folds/<k>/model.pt)")
     temporal = None
-    if source == "temporal":
+    if temporal_probs(source):
         temporal = load_temporal(args.temporal)
         if temporal is None:
             raise DataError(f"{args.thresholds} was tuned on temporal probabilities but {args.temporal} "

@@ -40,7 +40,7 @@ class EnsembleParams(Section):
 # ----------------------------------------------------------------------------- scores
 
 
-def average_precision(y_true: np.ndarray, scores: np.ndarray) -> float | None:
+def frame_average_precision(y_true: np.ndarray, scores: np.ndarray) -> float | None:
     """sklearn's `average_precision_score` (ties as one threshold) by one sort; None without positives."""
     y_true = np.asarray(y_true).astype(bool)
     positives = int(y_true.sum())
@@ -58,7 +58,7 @@ def average_precision(y_true: np.ndarray, scores: np.ndarray) -> float | None:
 def per_class_ap(y_true: np.ndarray, y_prob: np.ndarray) -> dict[str, float | None]:
     """AP of each label over the rows with finite probabilities (invalid frames left out)."""
     keep = np.isfinite(y_prob).all(axis=1)
-    return {label: average_precision(y_true[keep, k], y_prob[keep, k]) for k, label in enumerate(LABELS)}
+    return {label: frame_average_precision(y_true[keep, k], y_prob[keep, k]) for k, label in enumerate(LABELS)}
 
 
 def mean_ap(aps: dict[str, float | None]) -> float | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from vce.core.labels import LABEL_INDEX, LANDMARKS, REGIONS
+from vce.post.runs import group_firsts, runs_of, video_of
 
 EMISSION_FLOOR = 1e-6  # numerical floor of probabilities inside the log (no effect above 1e-6)
 REGION_ROWS = np.array([LABEL_INDEX[region] for region in REGIONS])
@@ -128,8 +129,8 @@ def _video_spans(timeline) -> tuple[np.ndarray, np.ndarray]:
     first = np.full(n_videos, -1, np.int64)
     last = np.full(n_videos, -1, np.int64)
     if len(observed):
-        video = np.searchsorted(timeline.video_first, observed, side="right") - 1
-        starts = np.flatnonzero(np.diff(video, prepend=-1) != 0)
+        video = video_of(timeline, observed)
+        starts = group_firsts(video)
         first[video[starts]] = observed[starts]
         ends = np.append(starts[1:] - 1, len(observed) - 1)
         last[video[ends]] = observed[ends]
@@ -179,11 +180,6 @@ def region_path(timeline, runs: list, params) -> np.ndarray:
     return timeline.region_paths[key]
 
 
-def _runs_of(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-
-
 def _overlapping(decoded, evidence) -> tuple[np.ndarray, np.ndarray]:
     """The decoded runs that at least one evidence run (time-sorted, disjoint) overlaps."""
     starts, ends = decoded
@@ -209,7 +205,7 @@ def place_landmark(timeline, k: int, runs, path: np.ndarray, crossings: np.ndarr
         empty = np.zeros(0, np.int64)
         return empty, empty
     # Windows of +-landmark_window frames around each crossing, clipped to its video's span.
-    span_starts, span_ends = _runs_of(path >= 0)
+    span_starts, span_ends = runs_of(path >= 0)
     span = np.searchsorted(span_starts, crossings, side="right") - 1
     lo = np.maximum(crossings - params.landmark_window, span_starts[span])  # (B,)
     hi = np.minimum(crossings + params.landmark_window, span_ends[span])
@@ -246,7 +242,7 @@ def anatomy_runs(timeline, runs: list, params) -> list:
     runs = list(runs)
     for state, region in enumerate(REGIONS):
         k = LABEL_INDEX[region]
-        runs[k] = _overlapping(_runs_of(path == state), runs[k])
+        runs[k] = _overlapping(runs_of(path == state), runs[k])
     for landmark, (_, region_after) in LANDMARKS.items():
         k = LABEL_INDEX[landmark]
         crossings = boundaries(path, REGIONS.index(region_after))

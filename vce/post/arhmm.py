@@ -37,12 +37,15 @@ import numpy as np
 from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
+from vce.post.runs import runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
 PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
 EM_STEPS = 200  # EM iterations of `fit_phases`
 CHUNK = 2048  # frames whose scores `chain_path` lays out at once
 BLOCK = 512  # positions per block of `chain_posterior`
+# What a fitted model must hold for the decoder (`fit_ar_model`; `separation` is informative only).
+AR_MODEL_KEYS = ("a", "b", "g", "rho", "sigma", "p01", "p10", "off_phases", "on_phases")
 
 
 def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_phases: int = 1) -> dict | None:
@@ -361,8 +364,7 @@ def _chain(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple:
 def _observed_runs(on: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of the runs of (P,) bool `on`, trimmed to their first and last observed
     position; runs of unobserved positions only are dropped."""
-    edges = np.diff(on.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+    starts, ends = runs_of(on)
     positions = np.arange(len(observed))
     next_seen = np.minimum.accumulate(np.where(observed, positions, len(observed))[::-1])[::-1]
     last_seen = np.maximum.accumulate(np.where(observed, positions, -1))

@@ -45,6 +45,7 @@ from vce.core.io import atomic_path
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.core.params import FieldError, OddInt, Section, explain
 from vce.post.anatomy import anatomy_runs
+from vce.post.runs import mean_probs, runs_of, video_of
 
 # Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
 LABEL_KNOBS = {"median_window": int, "fill_gap": int, "min_length": int, "presence_threshold": float, "presence_min_frames": int}
@@ -116,7 +117,7 @@ class Timeline:
     probs: np.ndarray  # (17, P) float32, NaN where not observed; label-major for column passes
     observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
-    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("peak", k), "region_logits", ("ar", k, ...) (vce.post.engine, vce.post.arhmm)
+    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("peak", k), "region_logits", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
     region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
 
     def with_probs(self, probs: np.ndarray) -> Timeline:
@@ -224,9 +225,7 @@ def smooth_runs(timeline: Timeline, active: np.ndarray, median_window: int, fill
         twice = 2 * active_count
         active = timeline.observed & ((twice > observed_count) | ((twice == observed_count) & active))
     # Runs of active positions.
-    edges = np.diff(active.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1) - 1
+    starts, ends = runs_of(active)
     # 3. Fill gaps of at most fill_gap frames (a gap of missing frames counts the same).
     if len(starts) > 1:
         bridged = (starts[1:] - ends[:-1] - 1) <= fill_gap
@@ -237,23 +236,6 @@ def smooth_runs(timeline: Timeline, active: np.ndarray, median_window: int, fill
     return starts[long_enough], ends[long_enough]
 
 
-def _mean_prob(timeline: Timeline, prob_cum: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Mean probability over the observed frames of each [start, end] (1 frame at least)."""
-    frames = timeline.observed_cum[ends + 1] - timeline.observed_cum[starts]
-    return (prob_cum[ends + 1] - prob_cum[starts]) / np.maximum(frames, 1)
-
-
-def _prob_cum(timeline: Timeline, k: int) -> np.ndarray:
-    if k not in timeline.prob_cums:
-        probs = np.nan_to_num(timeline.probs[k], nan=0.0)
-        timeline.prob_cums[k] = np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
-    return timeline.prob_cums[k]
-
-
-def _video_of(timeline: Timeline, positions: np.ndarray) -> np.ndarray:
-    return np.searchsorted(timeline.video_first, positions, side="right") - 1
-
-
 def apply_presence(timeline, runs, confidences, params: EventParams):
     """Step 5: keep a label's runs in a video only when the video's evidence for it passes."""
     if params.presence == "none":
@@ -262,7 +244,7 @@ def apply_presence(timeline, runs, confidences, params: EventParams):
     kept = []
     for label, (starts, ends), confidence in zip(LABELS, runs, confidences):
         label_params = params.for_label(label)
-        video = _video_of(timeline, starts)
+        video = video_of(timeline, starts)
         if label_params.presence == "max":
             best = np.full(n_videos, -np.inf)
             np.maximum.at(best, video, confidence)
@@ -303,7 +285,7 @@ def _event_records(timeline: Timeline, runs, params: EventParams, with_confidenc
     def confidence(k, starts, ends):
         if not with_confidence:
             return np.zeros(len(starts))
-        return _mean_prob(timeline, _prob_cum(timeline, k), starts, ends)
+        return mean_probs(timeline, k, starts, ends)
 
     records = []  # list of (starts, ends, masks, confidences)
     if params.style == "per_label":
@@ -336,7 +318,7 @@ def _label_names(mask: int, cache: dict) -> list[str]:
 
 
 def _submission(timeline: Timeline, starts, ends, masks, confidences, by_confidence: bool) -> dict:
-    video = _video_of(timeline, starts)
+    video = video_of(timeline, starts)
     # Per video: most confident first (ties and time order: earliest first).
     order = np.lexsort((starts, -confidences, video)) if by_confidence else np.lexsort((starts, video))
     names: dict = {}
@@ -365,7 +347,7 @@ def runs_to_submission(timeline: Timeline, runs, params: EventParams) -> dict:
         runs = anatomy_runs(timeline, runs, params)
     if params.presence != "none":
         confidences = [
-            _mean_prob(timeline, _prob_cum(timeline, k), starts, ends) if len(starts) else np.empty(0)
+            mean_probs(timeline, k, starts, ends) if len(starts) else np.empty(0)
             for k, (starts, ends) in enumerate(runs)
         ]
         runs = apply_presence(timeline, runs, confidences, params)

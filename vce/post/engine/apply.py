@@ -1,0 +1,166 @@
+"""Applying a fitted engine: the metric-optimal submission and the clinical event list of new videos.
+
+Per video and label, in LABELS order: findings and landmarks first (their runs, gated), then
+the regions cut at those events (and at the runs of labels left silent), then the head's
+regions. The submission holds every ranked candidate; the clinical list one event per run,
+in time order, for people and the report.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
+from vce.post.arhmm import ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.engine.calibration import calibrated, recentred
+from vce.post.engine.candidates import (
+    Candidates,
+    anchored_candidates,
+    head_candidates,
+    region_candidates,
+    run_candidates,
+)
+from vce.post.engine.gate import gate_evidence, gated
+from vce.post.engine.params import EngineParams
+from vce.post.engine.policies import AnchoredPolicy, Engine, HeadPolicy, OffPolicy, RegionPolicy, RunSpec, RunsPolicy
+from vce.post.engine.regions import decode, region_emissions
+from vce.post.events import Timeline, build_timeline
+from vce.post.head import HEAD_REGIONS
+
+
+def engine_submission(frame_probs: pd.DataFrame, engine: Engine, time_col: str = "t") -> tuple[dict, dict]:
+    """(metric-optimal submission, clinical event list) for the videos of `frame_probs`."""
+    timeline = build_timeline(frame_probs, time_col, max_reach=_reach(engine))
+    return engine_submission_on(timeline, engine)
+
+
+def tuning_timeline(frame_probs: pd.DataFrame, params: EngineParams, time_col: str = "t") -> Timeline:
+    """The timeline `fit_engine` reads: reach enough for the widest median window it tries."""
+    return build_timeline(frame_probs, time_col, max_reach=max(max(params.median_windows) // 2, 1))
+
+
+def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
+    """`engine_submission` on a timeline already built."""
+    if engine.centres is not None:
+        timeline = recentred(timeline, engine.centres)
+    if engine.temperatures is not None:
+        timeline = calibrated(timeline, engine.temperatures)
+    scores = region_emissions(timeline, engine.coef, engine.intercept)
+    path = decode(timeline, scores, engine.switch_penalty, engine.durations)
+    candidates = _all_candidates(timeline, engine, path, scores)
+    submission, clinical = [], []
+    for v, video_id in enumerate(timeline.video_ids):
+        ranked, clean = [], []
+        for label in LABELS:
+            if label not in candidates:
+                continue
+            c = candidates[label]
+            ranked += [{"start": s, "end": e, "label": [label]} for s, e in c.events[v]]
+            clean += [{"start": s, "end": e, "label": [label]} for s, e in c.clinical[v]]
+        submission.append({"video_id": video_id, "events": ranked})
+        clinical.append({"video_id": video_id, "events": sorted(clean, key=lambda e: (e["start"], e["end"], e["label"]))})
+    return {"videos": submission}, {"videos": clinical}
+
+
+def _run_specs(engine: Engine):
+    """(label, spec) of every run decoding the engine applies: emitted runs and the shadow runs
+    of labels left silent (`shadow_cuts`)."""
+    for label in LABELS:
+        policy = engine.policies[label]
+        if isinstance(policy, RunsPolicy):
+            yield label, policy
+        if isinstance(policy, OffPolicy) and policy.shadow is not None:
+            yield label, policy.shadow
+
+
+def _reach(engine: Engine) -> int:
+    """The timeline reach the engine's median windows need (shadow runs included): no window
+    sees across two videos."""
+    return max([1] + [spec.median_window // 2 for _, spec in _run_specs(engine)])
+
+
+def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path: np.ndarray,
+                 appended: bool = True) -> Candidates:
+    """A run spec's candidates; `appended` False: without the posterior runs (a shadow only cuts)."""
+    k = LABEL_INDEX[label]
+    runs = strength = alternatives = None
+    if spec.detector == "ar":
+        runs = ar_runs(timeline, k, spec.ar_model, spec.ar_bias)
+        strength = ar_run_strength(timeline, k, spec.ar_model, spec.ar_bias)
+        if appended and spec.ar_levels:  # the posterior runs appended after the decoded ones
+            alternatives = ar_posterior_runs(timeline, k, spec.ar_model, spec.ar_bias, spec.ar_levels)
+    shares = spec.shares if isinstance(spec, RunsPolicy) else None
+    return run_candidates(timeline, k, spec.threshold, spec.median_window, spec.min_length, top_k, runs,
+                          ratio=spec.ratio, path=path, regions=spec.regions, shares=shares,
+                          strength=strength, alternatives=alternatives)
+
+
+def _cut_times(candidates) -> dict:
+    """Per video, the sorted times where one of the `candidates`' clinical events starts or ends + 1."""
+    cuts: dict = {}
+    for c in candidates:
+        for v, events in enumerate(c.clinical):
+            for s, e in events:
+                cuts.setdefault(v, set()).update((s, e + 1))
+    return {v: sorted(times) for v, times in cuts.items()}
+
+
+def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores: np.ndarray) -> dict:
+    """Gated candidates of every label: findings and landmarks first, regions cut at their events,
+    the head's regions from its posterior (`scores`: the calibrated region emissions)."""
+    out, cuts, shadow = label_candidates(timeline, engine, path)
+    out |= all_region_candidates(timeline, engine, path, cuts, shadow)
+    heads: dict = {}  # one posterior per (temperature, count, priors): both regions read it
+    for region in HEAD_REGIONS:
+        policy = engine.policies[region]
+        if not isinstance(policy, HeadPolicy):
+            continue
+        key = (policy.temperature, policy.candidates, json.dumps(policy.length_priors))
+        if key not in heads:
+            heads[key] = head_candidates(timeline, path, scores, policy.length_priors, policy.temperature,
+                                         policy.candidates)
+        out[region] = gated(heads[key][region], policy.gate)
+    return out
+
+
+def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
+                     appended: bool = True) -> tuple[dict, dict | None, dict | None]:
+    """(gated candidates of every emitted finding and landmark, the times their events cut the
+    regions at, the times the runs of labels left silent cut them at (`shadow_cuts`))."""
+    out = {}
+    for label in LABELS:
+        policy = engine.policies[label]
+        if isinstance(policy, RunsPolicy):
+            c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
+            c.evidence = gate_evidence(c.features, policy)
+        elif isinstance(policy, AnchoredPolicy):
+            c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy.anchors])
+        else:
+            continue
+        out[label] = gated(c, policy.gate)
+    if not engine.region_cuts:
+        return out, None, None
+    shadows = [(label, engine.policies[label].shadow) for label in LABELS
+               if isinstance(engine.policies[label], OffPolicy) and engine.policies[label].shadow is not None]
+    # The runs of labels left silent cut the regions too, after the emitted ones.
+    shadow = _cut_times(_policy_runs(timeline, label, spec, engine.top_k, path, False)
+                        for label, spec in shadows) if shadows else None
+    return out, _cut_times(out.values()), shadow
+
+
+def all_region_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, cuts, shadow,
+                          order: str | None = None) -> dict:
+    """Each region's candidates, cut at `cuts` and `shadow` (`label_candidates`): gated, their
+    pieces in the policy's `cut_order`; or (`order`, while fitting) ungated, in that order."""
+    out = {}
+    for state, region in enumerate(REGIONS):
+        policy = engine.policies[region]
+        if not isinstance(policy, RegionPolicy):
+            continue
+        c = region_candidates(timeline, path, state, [tuple(v) for v in policy.variants], cuts, shadow,
+                              order or policy.cut_order)
+        out[region] = c if order else gated(c, policy.gate)
+    return out

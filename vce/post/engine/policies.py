@@ -1,0 +1,235 @@
+"""The fitted score engine as data: one typed policy per label, and its JSON (`models/thresholds.json`).
+
+A policy says how the engine emits one label: `off` (never), `runs` (decoded runs of its
+probabilities, gated per video), `anchored` (landmark events at learned offsets from a decoded
+boundary), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
+(the mouth and the esophagus from the head posterior, `vce.post.head`). Each `to_dict` writes
+the keys, in the order, that its `from_dict` reads back; a file written by an older version
+that lacks a key is refused naming the label and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import ClassVar
+
+from vce.core.errors import DataError
+from vce.core.labels import LABELS
+from vce.post.arhmm import AR_MODEL_KEYS
+
+
+class _Lacking(Exception):
+    """The keys a policy's JSON lacks (`Engine.from_dict` names them with the label)."""
+
+
+def _required(cls) -> list[str]:
+    """The fields of dataclass `cls` without a default, in declaration order (base class first)."""
+    return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+
+def _build(cls, data: dict, lacking: list[str], **parsed):
+    """`cls` from the JSON `data` (`parsed`: fields already read); raises `_Lacking` if keys are missing."""
+    lacking = [key for key in _required(cls) if key not in data] + lacking
+    if lacking:
+        raise _Lacking(lacking)
+    known = {f.name for f in fields(cls)}
+    return cls(**{key: value for key, value in data.items() if key in known}, **parsed)
+
+
+def _tuning(policy) -> dict:
+    return {} if policy.tuning_ap is None else {"tuning_ap": policy.tuning_ap}
+
+
+@dataclass(kw_only=True)
+class RunSpec:
+    """How a label's runs are decoded: `detector` "threshold" (`hysteresis_runs` at `threshold`
+    with low/high `ratio`, median-filtered over `median_window`) or "ar" (`vce.post.arhmm`'s
+    `ar_model` at `ar_bias`, its posterior runs at `ar_levels` appended), runs of at least
+    `min_length` frames whose middle lies in `regions` of the decoded path (None: anywhere).
+    On its own: the shadow runs of a label left silent, which only cut the regions."""
+
+    detector: str
+    threshold: float | None
+    ratio: float
+    median_window: int
+    min_length: int
+    regions: list | None
+    ar_model: dict | None = None
+    ar_bias: float | None = None
+    ar_levels: list | None = None
+
+    def _ar(self) -> dict:
+        if self.detector != "ar":
+            return {}
+        return {"ar_model": self.ar_model, "ar_bias": self.ar_bias, "ar_levels": self.ar_levels}
+
+    def spec(self) -> RunSpec:
+        """The decoding alone (a runs policy's, without its gate)."""
+        return RunSpec(**{f.name: getattr(self, f.name) for f in fields(RunSpec)})
+
+    def to_dict(self) -> dict:
+        return {"detector": self.detector, "threshold": self.threshold, "ratio": self.ratio,
+                "median_window": self.median_window, "min_length": self.min_length, "regions": self.regions,
+                **self._ar()}
+
+    @classmethod
+    def from_dict(cls, data: dict, lacking: list[str] | None = None):
+        lacking = list(lacking or [])
+        if data.get("detector") == "ar":
+            lacking += [key for key in ("ar_model", "ar_bias", "ar_levels") if key not in data]
+            if isinstance(data.get("ar_model"), dict):
+                lacking += [f"ar_model.{key}" for key in AR_MODEL_KEYS if key not in data["ar_model"]]
+        return _build(cls, data, lacking)
+
+
+@dataclass(kw_only=True)
+class RunsPolicy(RunSpec):
+    """Emit the decoded runs where the video's `evidence` (a `PRESENCE_FEATURES` name, or
+    "joint": the `presence_model`'s score) reaches `gate` (None: every video with a run);
+    `shares`: the label's `region_shares`, for the "region" feature."""
+
+    kind: ClassVar[str] = "runs"
+    shares: list | None
+    gate: float | None
+    evidence: str
+    presence_model: dict | None = None
+    tuning_ap: float | None = None
+
+    def to_dict(self) -> dict:
+        joint = {"presence_model": self.presence_model} if self.evidence == "joint" else {}
+        return {"kind": self.kind, "detector": self.detector, "threshold": self.threshold, "ratio": self.ratio,
+                "median_window": self.median_window, **self._ar(), "min_length": self.min_length,
+                "regions": self.regions, "shares": self.shares, "gate": self.gate, "evidence": self.evidence,
+                **joint, **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict, lacking: list[str] | None = None):
+        joint = ["presence_model"] if data.get("evidence") == "joint" and "presence_model" not in data else []
+        return super().from_dict(data, joint)
+
+
+@dataclass(kw_only=True)
+class OffPolicy:
+    """Never emit the label (`shadow`: its best runs, which still cut the regions: `shadow_cuts`)."""
+
+    kind: ClassVar[str] = "off"
+    tuning_ap: float | None = None
+    shadow: RunSpec | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **_tuning(self), **({} if self.shadow is None else {"shadow": self.shadow.to_dict()})}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        shadow = RunSpec.from_dict(data["shadow"]) if "shadow" in data else None
+        return _build(cls, {key: value for key, value in data.items() if key != "shadow"}, [], shadow=shadow)
+
+
+@dataclass(kw_only=True)
+class AnchoredPolicy:
+    """A landmark's events at (offset, length) `anchors` from the decoded boundary it marks."""
+
+    kind: ClassVar[str] = "anchored"
+    anchors: list
+    gate: float | None
+    tuning_ap: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "anchors": self.anchors, "gate": self.gate, **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return _build(cls, data, [])
+
+
+@dataclass(kw_only=True)
+class RegionPolicy:
+    """A region's decoded run, its learned `variants` ((mode, a, b), `place_variant`), then its
+    pieces cut at other labels' events, `cut_order` ("longest" or "shortest") first, where the
+    run's length reaches `gate`."""
+
+    kind: ClassVar[str] = "region"
+    gate: float | None
+    variants: list = field(default_factory=list)
+    cut_order: str | None = None
+    tuning_ap: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "gate": self.gate, "variants": self.variants, "cut_order": self.cut_order,
+                **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return _build(cls, data, [key for key in ("variants", "cut_order") if key not in data])
+
+
+@dataclass(kw_only=True)
+class HeadPolicy:
+    """The mouth or the esophagus from the head posterior (`vce.post.head`) at `temperature`
+    under the `length_priors`, its `candidates` best spans, where its probability of being in
+    the video reaches `gate`."""
+
+    kind: ClassVar[str] = "head"
+    gate: float | None
+    temperature: float
+    candidates: int
+    length_priors: list
+    tuning_ap: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "gate": self.gate, "temperature": self.temperature, "candidates": self.candidates,
+                "length_priors": self.length_priors, **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return _build(cls, data, [])
+
+
+Policy = OffPolicy | RunsPolicy | AnchoredPolicy | RegionPolicy | HeadPolicy
+POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, RegionPolicy, HeadPolicy)}
+
+
+@dataclass
+class Engine:
+    """The fitted decoder: region calibration and penalty, one policy per label (JSON via `to_dict`)."""
+
+    coef: list  # (5, 5) multinomial logistic regression weights on the region logits
+    intercept: list  # (5,)
+    switch_penalty: float
+    region_cuts: bool
+    top_k: int
+    policies: dict[str, Policy] = field(default_factory=dict)  # label -> its policy, in LABELS order
+    centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
+    durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
+    temperatures: list | None = None  # per label: [slope, offset] on the logit (finding_calibration), None: as it is
+    report: dict = field(default_factory=dict)  # what the fit measured (thresholds stage metrics), not saved here
+
+    def to_dict(self) -> dict:
+        return {"coef": self.coef, "intercept": self.intercept, "switch_penalty": self.switch_penalty,
+                "region_cuts": self.region_cuts, "top_k": self.top_k,
+                "policies": {label: policy.to_dict() for label, policy in self.policies.items()},
+                "centres": self.centres, "durations": self.durations, "temperatures": self.temperatures}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "engine") -> Engine:
+        try:
+            values = {f.name: data[f.name] for f in fields(cls) if f.name != "report"}
+            policies = dict(values.pop("policies"))
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{where}: not a fitted score engine ({err})") from None
+        missing = [label for label in LABELS if label not in policies]
+        if missing:
+            raise DataError(f"{where}: no policy for label(s) {missing}")
+        return cls(**values, policies={label: _policy(policy, label, where) for label, policy in policies.items()})
+
+
+def _policy(data, label: str, where: str) -> Policy:
+    """One label's policy from its JSON, or a DataError naming the label and what is wrong."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in POLICY_KINDS:
+        raise DataError(f"{where}: the {label!r} policy has kind {kind!r}; allowed: {list(POLICY_KINDS)}")
+    try:
+        return POLICY_KINDS[kind].from_dict(data)
+    except _Lacking as err:
+        raise DataError(f"{where}: the {label!r} policy lacks {err.args[0]}: fitted by an older version, "
+                        "rerun the thresholds stage") from None
