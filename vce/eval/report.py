@@ -28,16 +28,17 @@ from vce.eval.frame_metrics import frame_metrics
 from vce.eval.plots import curve_table, per_class_table
 from vce.eval.score import THRESHOLDS, score
 from vce.eval.timelines import merged_runs, plot_timeline, row_matches
+from vce.eval.viewer import ViewerParams
 
 
 class ReportParams(Section):
     """`report`: plots and the markdown report."""
 
-    curve_points: int = Field(ge=2)  # at most this many points per label in each PR / ROC CSV
-    timeline_dpi: int = Field(ge=30, le=600)  # timeline PNG resolution
-    timeline_width: float = Field(ge=2, le=60)  # timeline PNG width in inches (height follows the 17 rows)
-    videos: list[str | int]  # validation or test video ids to draw timelines for; [] = all
-
+    curve_points: int = Field(ge=2)
+    timeline_dpi: int = Field(ge=30, le=600)
+    timeline_width: float = Field(ge=2, le=60)
+    videos: list[str | int]
+    viewer: ViewerParams
 
 
 @dataclass
