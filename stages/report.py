@@ -7,7 +7,7 @@ test probabilities and events, so the report puts the held-out score and its tim
 validation. Writes plot
 data under `plots/` (declared in dvc.yaml's top-level `plots:`) and the markdown report.
 
-Also writes the offline exam viewer (`--viewer-dir`, `vce.eval.viewer`): the validation videos
+Also writes the offline exam viewer (`--viewer-dir`, `vce.viewer.build`): the validation videos
 and every test video (TP/FP marks where the test truth is known), the submission and the
 clinical list, with thumbnails of the frame files under `data.root` / `data.test_root`.
 """
@@ -29,10 +29,10 @@ from vce.core.labels import LABELS
 from vce.core.params import PostParams, from_dict, load_params
 from vce.data.index import DataParams
 from vce.eval.report import ReportParams, ScoredSet, write_report
-from vce.eval.viewer import ViewerSet, write_viewer
 from vce.post.events import EventParams
 from vce.post.thresholds import ThresholdParams
 from vce.post.timeline import event_time, join_probs
+from vce.viewer.build import ViewerSet, write_viewer
 
 
 def parse_args(argv):

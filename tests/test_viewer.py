@@ -14,12 +14,12 @@ from PIL import Image
 from viewer_check import check_viewer, parse
 
 from vce.core.labels import LABEL_INDEX, LABELS
-from vce.eval.report import ReportParams
+from vce.eval.report import ReportParams, ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches
-from vce.eval.silence import decision, drawn_threshold, silence_reason
-from vce.eval.thumbnails import Request, event_frames, plan_thumbnails
 from vce.eval.timelines import average_precision
-from vce.eval.viewer import ViewerParams, ViewerSet, trace_bins, write_viewer
+from vce.viewer.build import ViewerSet, trace_bins, write_viewer
+from vce.viewer.silence import decision, drawn_threshold, silence_reason
+from vce.viewer.thumbnails import Request, event_frames, plan_thumbnails
 
 GT = {"videos": [
     {"video_id": "7", "events": [{"start": 0, "end": 99, "label": ["stomach"]},
@@ -196,9 +196,26 @@ def test_caps_bound_the_thumbnails(tmp_path):
     summary = write_viewer(tmp_path / "w", sets, SAVED, params, 1, 0.158, None)
     data = _data(tmp_path / "w", "validation_7.html")
     assert summary["thumbnails"] == len(list((tmp_path / "w" / "thumbs").rglob("*.jpg"))) <= 9
-    # Two events fit (8 frames); the ground-truth event has the frames of its TP and costs nothing.
-    assert sorted(data["thumbsOf"]) == ["gt-0-16", "pred-0-16", "pred-1-16"]
+    # Two events fit (8 frames): the error page's first false alarms (ranks 2 and 3) come first.
+    assert sorted(data["thumbsOf"]) == ["pred-1-16", "pred-2-16"]
     assert all(len(ids) == 4 for ids in data["thumbsOf"].values()) and summary["thumbnails"] == 8
+    params = params.replace(errors_per_label=0)  # then the lists' first events; the GT shares its TP's frames
+    write_viewer(tmp_path / "x", sets, SAVED, params, 1, 0.158, None)
+    assert sorted(_data(tmp_path / "x", "validation_7.html")["thumbsOf"]) == ["gt-0-16", "pred-0-16", "pred-1-16"]
+
+
+def test_an_unreadable_frame_leaves_a_gap_not_a_broken_link(tmp_path):
+    rng = np.random.default_rng(3)
+    probs, files = _video(tmp_path, "7", 300, 1, rng)
+    (tmp_path / "frames" / "7" / "frame_0.png").write_bytes(b"\x89PNG\r\n\x1a\ntruncated")
+    (tmp_path / "frames" / "7" / "frame_89.png").unlink()
+    video = {"videos": [v for v in PRED["videos"] if v["video_id"] == "7"]}
+    sets = [ViewerSet("validation", video, video, probs, files, {}, {"videos": GT["videos"][:1]})]
+    summary = write_viewer(tmp_path / "v", sets, SAVED, _params(), 1, 0.158, None)
+    check_viewer(tmp_path / "v", {"validation": (video, video)})
+    data = _data(tmp_path / "v", "validation_7.html")
+    shown = [data["thumbs"][i][0] for i in data["thumbsOf"]["pred-0-2"]]
+    assert shown == [22, 44, 67] and summary["thumbnails"] == len(data["thumbs"])  # 0 and 89 unreadable
 
 
 def test_event_frames_and_the_plan():

@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,19 @@ from vce.eval.frame_metrics import frame_metrics
 from vce.eval.plots import curve_table, per_class_table
 from vce.eval.score import THRESHOLDS, score
 from vce.eval.timelines import merged_runs, plot_timeline, row_matches
-from vce.eval.viewer import ViewerParams
+
+
+class ViewerParams(Section):
+    """`report.viewer`: the offline HTML exam viewer (`vce.viewer`)."""
+
+    thumbnail_px: int = Field(ge=16, le=1024)
+    image_format: Literal["jpeg", "webp"]
+    quality: int = Field(ge=1, le=95)
+    frames_per_event: int = Field(ge=1, le=16)
+    events_per_label: int = Field(ge=0)
+    errors_per_label: int = Field(ge=0)
+    max_thumbnails: int = Field(ge=0)
+    trace_bins: int = Field(ge=16)
 
 
 class ReportParams(Section):

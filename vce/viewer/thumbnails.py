@@ -5,18 +5,19 @@ to `top_k` candidate events per (video, label): a thumbnail of every event frame
 gigabytes. So each list the viewer shows asks for the frames of its first events only (per
 (video, label) and kind: `events_per_label`; per label on the error pages:
 `errors_per_label`), and `plan_thumbnails` grants whole requests in priority order until
-`max_thumbnails` distinct frames are taken: every list's first events first, then their
-second, ... (an event's frames come all or none, and frames shared by overlapping events are
-stored once). `bench/viewer.py` measures what that costs at 3.5 M frames.
+`max_thumbnails` distinct frames are taken: the error pages' entries, then every list's first
+event, then their second, ... (an event's frames come all or none, and frames shared by
+overlapping events are stored once). `bench/viewer.py` measures what that costs at 3.5 M frames.
 
-Thumbnails are made from the frame files (PIL; the frame cache holds model-sized pixels, and
-the viewer wants the frames as a reader sees them): downscaled to `thumbnail_px` on the long
+Thumbnails are made from the frame files (pyspng for PNGs, PIL otherwise; the frame cache holds
+model-sized pixels, and the viewer wants the frames as a reader sees them): downscaled to `thumbnail_px` on the long
 side, never upscaled, written as JPEG or WebP. A frame that cannot be read gets no file; the
 viewer says so where the thumbnail would be.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import numpy as np
 from vce.core.io import atomic_path, safe_file_name
 
 SUFFIX = {"jpeg": ".jpg", "webp": ".webp"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def event_frames(times: np.ndarray, start: int, end: int, n: int) -> list[int]:
@@ -75,15 +77,35 @@ def thumbnail_name(video_id: str, t: int, image_format: str) -> str:
     return f"thumbs/{safe_file_name(str(video_id))}/{int(t)}{SUFFIX[image_format]}"
 
 
+def _read_rgb(source: Path, size: int):
+    """The frame as an RGB PIL image: PNGs through pyspng (a quarter faster than PIL here,
+    bench/viewer.py), other formats through PIL (JPEGs decoded at a reduced scale); None if unreadable."""
+    import pyspng
+    from PIL import Image
+
+    try:
+        data = source.read_bytes()
+        if data[:8] == PNG_SIGNATURE:
+            pixels = pyspng.load(data)  # (H, W[, C]) uint8 or uint16
+            if pixels.dtype == np.uint16:
+                pixels = (pixels >> 8).astype(np.uint8)
+            if pixels.ndim == 3 and pixels.shape[2] in (2, 4):
+                pixels = pixels[:, :, :-1]  # drop alpha
+            return Image.fromarray(np.ascontiguousarray(pixels.squeeze() if pixels.ndim == 3 and pixels.shape[2] == 1
+                                                        else pixels)).convert("RGB")
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (size, size))
+            return image.convert("RGB")
+    except (OSError, ValueError, RuntimeError, Image.DecompressionBombError):
+        return None
+
+
 def _write_one(source: Path, target: Path, size: int, image_format: str, quality: int) -> int:
     """Write one thumbnail; its bytes, or 0 when the frame cannot be read."""
     from PIL import Image
 
-    try:
-        with Image.open(source) as image:
-            image.draft("RGB", (size, size))  # JPEG frames decode at a reduced scale directly
-            rgb = image.convert("RGB")
-    except (OSError, ValueError, Image.DecompressionBombError):
+    rgb = _read_rgb(source, size)
+    if rgb is None:
         return 0
     rgb.thumbnail((size, size), Image.Resampling.LANCZOS, reducing_gap=3.0)  # never upscales
     with atomic_path(target) as tmp:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from vce.core.labels import LABEL_INDEX, REGIONS
 
 
@@ -77,12 +75,12 @@ def _peaks(peaks: dict) -> str:
     return "peak frame probability per video: " + (", ".join(shown) if shown else "no valid frame")
 
 
-def silence_reason(saved: dict, label: str, peaks: dict, n_tuning_videos: int, min_gain_sqrt_videos: float,
+def silence_reason(saved: dict, label: str, peaks: dict, n_tuning_videos: int | None, min_gain_sqrt_videos: float,
                    events: dict | None) -> str:
     """Why `label` has no event in a set, with the numbers.
 
     saved: models/thresholds.json; peaks: video id -> the label's highest valid frame probability
-    in the set; n_tuning_videos: the validation videos the engine was fitted on;
+    in the set; n_tuning_videos: the validation videos the engine was fitted on (None: unknown);
     min_gain_sqrt_videos: params.yaml thresholds.engine; events: the event knobs the events
     stage used (tuned ones from thresholds.json, else params.yaml `events`), for threshold methods.
     """
@@ -94,11 +92,15 @@ def silence_reason(saved: dict, label: str, peaks: dict, n_tuning_videos: int, m
         if kind == "off" and label in REGIONS:
             return f"engine policy off: the region's presence gate admits no tuning video (tuning AP {tuning:.3f})"
         if kind == "off":
-            bar = min_gain_sqrt_videos * math.sqrt(n_tuning_videos)
             best = f" (the best: {_spec(policy['shadow'])})" if "shadow" in policy else ""
-            return (f"engine policy off: silence scores tuning AP {tuning:.3f} per video on the {n_tuning_videos} "
-                    f"tuning videos, and no decoding tried{best} beat it by the min-gain bar "
-                    f"{min_gain_sqrt_videos:g} x sqrt({n_tuning_videos}) = {bar:.3f} summed AP")
+            if n_tuning_videos is None:  # one exam outside the pipeline: the tuning set is not known here
+                on, bar = "", f"{min_gain_sqrt_videos:g} x sqrt(tuning videos) summed AP"
+            else:
+                on = f" on the {n_tuning_videos} tuning videos"
+                bar = (f"{min_gain_sqrt_videos:g} x sqrt({n_tuning_videos}) = "
+                       f"{min_gain_sqrt_videos * math.sqrt(n_tuning_videos):.3f} summed AP")
+            return (f"engine policy off: silence scores tuning AP {tuning:.3f} per video{on}, and no decoding "
+                    f"tried{best} beat it by the min-gain bar {bar}")
         return (f"engine {kind} policy ({_gate(policy)}): no video of the set passed it or had a run; {_peaks(peaks)}")
     threshold = float(saved["thresholds"][label])
     if threshold > 1.0:
@@ -115,12 +117,3 @@ def silence_reason(saved: dict, label: str, peaks: dict, n_tuning_videos: int, m
                 f"{knobs.get('presence_min_frames')} event frames (events.presence frames); {_peaks(peaks)}")
     return (f"frames pass the threshold {threshold:.2f}, but no run survived the median window "
             f"{knobs.get('median_window')} and min length {knobs.get('min_length')}; {_peaks(peaks)}")
-
-
-def label_peaks(t_probs, video_ids: np.ndarray, k: int) -> dict:
-    """video id -> highest valid probability of label k ((N, 17) `t_probs`, NaN = invalid)."""
-    out = {}
-    for video_id in dict.fromkeys(video_ids.tolist()):
-        values = t_probs[video_ids == video_id, k]
-        out[str(video_id)] = float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
-    return out

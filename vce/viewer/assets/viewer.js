@@ -1,5 +1,5 @@
 // The exam viewer's video page: a zoomable 17-row timeline on a canvas and the selected event's frames.
-// Data: the page's inline JSON (#viewer-data, written by vce/eval/viewer.py). Event rows are
+// Data: the page's inline JSON (#viewer-data, written by vce/viewer/build.py). Event rows are
 // [start, end, label, rank, match@0.5, match@0.95, event index, mean probability]; match is the
 // position of the ground-truth event the official matching paired it with, -1 none, -2 no truth.
 // Ground-truth rows carry 1/0 (matched or not) at each tIoU instead. No network, no library.
@@ -88,8 +88,8 @@
     ctx.fillText(data.labels[k], 6, y + 16);
     ctx.font = "11px system-ui, sans-serif"; ctx.fillStyle = "#868e96";
     const thr = data.thresholds[k];
-    ctx.fillText(events.length ? events.length + " events" + (thr === null ? "" : " · thr " + thr.toFixed(2))
-      : "silent" + (thr === null ? "" : " · thr " + thr.toFixed(2)), 6, y + 33);
+    const count = events.length === 1 ? "1 event" : events.length + " events";
+    ctx.fillText((events.length ? count : "silent") + (thr === null ? "" : " · thr " + thr.toFixed(2)), 6, y + 33);
     if (hasGt) for (const ev of rows.gt[k]) rect(ev, y + STRIP.gt[0], STRIP.gt[1], COLOR.gt);
     let prevEnd = null;
     ctx.fillStyle = COLOR.edge;
@@ -180,10 +180,11 @@
       clin: "clinical event " + (ev.rank + 1) + " of " + rows.clin[ev.k].length,
       gt: "ground-truth event " + (ev.rank + 1) + " of " + rows.gt[ev.k].length }[ev.kind];
     const ids = data.thumbsOf[ev.ref] || [];
-    const figs = ids.map((id) => {
+    const figs = ids.map((id, j) => {
       const [t, file, probs] = data.thumbs[id], p = probs[ev.k];
       const over = thr !== null && p !== null && p >= thr;
-      return '<figure><img src="' + file + '" alt="frame ' + t + '"><figcaption><span>t ' + t + "</span>" +
+      const where = j === 0 ? " start" : j === ids.length - 1 ? " end" : "";
+      return '<figure><img src="' + file + '" alt="frame ' + t + '"><figcaption><span>t ' + t + where + "</span>" +
         '<span class="bar"><span style="width:' + Math.round(100 * (p || 0)) + '%" class="' + (over ? "over" : "") +
         '"></span></span><b>p ' + fmt(p) + "</b></figcaption></figure>";
     }).join("");

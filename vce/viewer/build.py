@@ -4,7 +4,7 @@
 
 - `index.html`: the score of each set, its videos, a per-label table (how the label is
   decided, its counts and temporal APs, and for a label without any event why it is silent:
-  `vce.eval.silence`);
+  `vce.viewer.silence`);
 - one page per video (`<set>_<video>.html`): the 17-row timeline (ground-truth fragments, the
   submission's or the clinical list's events marked TP/FP by the official matching at tIoU 0.5
   and 0.95, `vce.eval.score.event_matches`; the probability trace and the threshold), zoomable,
@@ -15,44 +15,30 @@
   ground-truth events and the events matched at 0.5 but not at 0.95, each with thumbnails.
 
 Everything is local (one `viewer.js`, one `viewer.css`, the thumbnails; each page's data inline
-as JSON): no server, no network. Thumbnails are capped (`vce.eval.thumbnails`).
+as JSON): no server, no network. Thumbnails are capped (`vce.viewer.thumbnails`).
 """
 
 from __future__ import annotations
 
 import base64
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
 
 from vce.core.io import safe_file_name
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
-from vce.core.params import Section
+from vce.eval.report import ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches, score
-from vce.eval.silence import decision, drawn_threshold, label_peaks, silence_reason
-from vce.eval.thumbnails import Request, event_frames, plan_thumbnails, write_thumbnails
-from vce.eval.viewer_html import index_page, label_page, label_page_name, video_page
+from vce.viewer.pages import index_page, label_page, label_page_name, video_page
+from vce.viewer.silence import decision, drawn_threshold, silence_reason
+from vce.viewer.thumbnails import Request, event_frames, plan_thumbnails, write_thumbnails
 
-ASSETS = Path(__file__).with_name("viewer_assets")
+ASSETS = Path(__file__).with_name("assets")
 UNKNOWN = -2  # the match of an event in a video without ground truth
-
-
-class ViewerParams(Section):
-    """`report.viewer`: the offline HTML viewer."""
-
-    thumbnail_px: int = Field(ge=16, le=1024)
-    image_format: Literal["jpeg", "webp"]
-    quality: int = Field(ge=1, le=95)
-    frames_per_event: int = Field(ge=1, le=16)
-    events_per_label: int = Field(ge=0)
-    errors_per_label: int = Field(ge=0)
-    max_thumbnails: int = Field(ge=0)
-    trace_bins: int = Field(ge=16)
 
 
 @dataclass
@@ -180,7 +166,10 @@ def error_lists(videos: list[Video], label: str, cap: int) -> dict[str, list]:
 
 
 def _requests(videos: list[Video], errors: dict, params: ViewerParams) -> list[Request]:
-    """What every list asks for: its first `events_per_label` events per (video, label) and kind."""
+    """What every list asks for: the error pages' entries first (they are few: `errors_per_label`
+    x 3 per label and set), then the first `events_per_label` events per (video, label) and kind,
+    every list's first event before any list's second (the clinical list, then the submission,
+    then the ground truth)."""
     requests = []
     for video in videos:
         for kind, rows, tier in (("clin", video.clin, 0), ("pred", video.pred, 1), ("gt", video.gt, 2)):
@@ -198,7 +187,7 @@ def _requests(videos: list[Video], errors: dict, params: ViewerParams) -> list[R
             kind = "gt" if name == "missed" else "pred"
             for j, (video, row) in enumerate(items):
                 times = event_frames(video.times, row[0], row[1], params.frames_per_event)
-                requests.append(Request((j, 0), video.video_id, (kind, row[6], row[2]), tuple(times)))
+                requests.append(Request((-1, j), video.video_id, (kind, row[6], row[2]), tuple(times)))
     return requests
 
 
@@ -242,16 +231,17 @@ def _thumb_rows(video: Video, granted: set, files: dict, frames_per_event: int) 
 
 
 def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params: ViewerParams,
-                 n_tuning_videos: int, min_gain_sqrt_videos: float, events: dict | None) -> dict:
-    """Write the viewer folder; return its counts (videos, pages, events, thumbnails, bytes).
+                 n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict:
+    """Write the viewer folder; return its counts (videos, pages, events, thumbnails, bytes, seconds per phase).
 
     saved_thresholds: models/thresholds.json; n_tuning_videos, min_gain_sqrt_videos, events:
-    what `vce.eval.silence.silence_reason` needs to explain a silent label.
+    what `vce.viewer.silence.silence_reason` needs to explain a silent label.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
         shutil.rmtree(out_dir)  # a stale page or thumbnail of an earlier run must not survive
     out_dir.mkdir(parents=True)
+    clock = [time.perf_counter()]
     per_set = [(viewer_set, _videos(viewer_set)) for viewer_set in sets]
     errors = {(s.name, label): error_lists(videos, label, params.errors_per_label)
               for s, videos in per_set for label in LABELS if any(v.has_gt for v in videos)}
@@ -263,7 +253,9 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
         wanted = pd.DataFrame(sorted(frames), columns=["video_id", "t"])
         found = wanted.merge(files.assign(video_id=files["video_id"].astype(str)), on=["video_id", "t"])
         paths |= {(v, int(t)): p for v, t, p in found[["video_id", "t", "path"]].itertuples(index=False)}
+    clock.append(time.perf_counter())
     files = write_thumbnails(paths, out_dir, params.thumbnail_px, params.image_format, params.quality)
+    clock.append(time.perf_counter())
     thumbs = {}
     for video in all_videos:
         thumbs[(video.set_name, video.video_id)] = _thumb_rows(video, granted, files, params.frames_per_event)
@@ -284,13 +276,15 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
     (out_dir / "index.html").write_text(index_page(summaries))
     for asset in ("viewer.js", "viewer.css"):
         shutil.copyfile(ASSETS / asset, out_dir / asset)
+    clock.append(time.perf_counter())
     return {"videos": len(all_videos), "pages": len(list(out_dir.glob("*.html"))),
+            "seconds": dict(zip(("matching", "thumbnails", "pages"), np.diff(clock).round(1).tolist())),
             "events": sum(len(v.pred) for v in all_videos), "thumbnails": len(files),
             "thumbnail_bytes": sum(n for _, n in files.values()),
             "bytes": sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())}
 
 
-def _set_summary(viewer_set: ViewerSet, videos: list[Video], saved: dict, n_tuning_videos: int,
+def _set_summary(viewer_set: ViewerSet, videos: list[Video], saved: dict, n_tuning_videos: int | None,
                  min_gain_sqrt_videos: float, events: dict | None) -> dict:
     """What index.html shows of a set: its score, its videos and the per-label table."""
     scored_gt = {"videos": [v for v in (viewer_set.gt or {"videos": []})["videos"] if any(e["label"] for e in v["events"])]}
@@ -299,9 +293,7 @@ def _set_summary(viewer_set: ViewerSet, videos: list[Video], saved: dict, n_tuni
     if scored_ids:
         result = score(scored_gt, {"videos": [v for v in viewer_set.prediction["videos"]
                                               if str(v["video_id"]) in scored_ids]}, check=False)
-    probs = viewer_set.probs
-    video_ids = probs["video_id"].astype(str).to_numpy()
-    values = probs[list(LABELS)].to_numpy(np.float64)
+    maxima = viewer_set.probs.groupby("video_id", sort=False)[list(LABELS)].max()  # NaN: no valid frame
     labels = []
     for k, label in enumerate(LABELS):
         row = {"label": label, "decision": decision(saved, label),
@@ -310,8 +302,8 @@ def _set_summary(viewer_set: ViewerSet, videos: list[Video], saved: dict, n_tuni
                "tp": [sum(r[2] == k and r[4 + i] >= 0 for v in videos if v.has_gt for r in v.pred) for i in range(2)],
                "tap": [result[f"per_label@{t}"][label] for t in THRESHOLDS] if result else None, "silent": None}
         if row["pred"] == 0:
-            row["silent"] = silence_reason(saved, label, label_peaks(values, video_ids, k), n_tuning_videos,
-                                           min_gain_sqrt_videos, events)
+            peaks = {str(v): float(p) for v, p in maxima[label].items()}
+            row["silent"] = silence_reason(saved, label, peaks, n_tuning_videos, min_gain_sqrt_videos, events)
         labels.append(row)
     return {"name": viewer_set.name, "score": result, "videos": videos, "labels": labels,
             "has_gt": any(v.has_gt for v in videos)}
