@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     params = load_section(ROOT / "params.yaml", "report", ReportParams).viewer
     gt = json.loads((FIXTURES / "galar_gt_events.json").read_text())
-    result = {"command": "python -m bench.viewer " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": " ".join(["python -m bench.viewer", *(argv if argv is not None else sys.argv[1:])]),
               "params": params.model_dump()}
     with tempfile.TemporaryDirectory(prefix="vce_viewer_bench_") as tmp:
         tmp = Path(tmp)
