@@ -157,6 +157,11 @@ def test_event_matches_agrees_with_a_written_out_matching():
             expected = _reference_match(entry["gt"].tolist(), entry["pred"].tolist(), threshold)
             assert entry[threshold].tolist() == expected, (video_id, label, threshold)
     assert matches[("7", "ulcer")][0.5].tolist() == [-1, 0, -1]
+    # Contested: each prediction takes the first free ground-truth segment in file order.
+    twice = {"videos": [{"video_id": "v", "events": [{"start": 10, "end": 20, "label": ["polyp"]},
+                                                     {"start": 11, "end": 20, "label": ["polyp"]}]}]}
+    pred = {"videos": [{"video_id": "v", "events": [{"start": 10, "end": 20, "label": ["polyp"]}] * 3}]}
+    assert event_matches(twice, pred)[("v", "polyp")][0.5].tolist() == [0, 1, -1]
 
 
 def test_error_pages_rank_false_alarms_and_list_misses(case):
