@@ -6,6 +6,10 @@ events and ground truth; when the score stage knew a test ground truth (`test_gt
 test probabilities and events, so the report puts the held-out score and its timelines beside
 validation. Writes plot
 data under `plots/` (declared in dvc.yaml's top-level `plots:`) and the markdown report.
+
+Also writes the offline exam viewer (`--viewer-dir`, `vce.viewer.build`): the validation videos
+and every test video (TP/FP marks where the test truth is known), the submission and the
+clinical list, with thumbnails of the frame files under `data.root` / `data.test_root`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from vce.core import runner
 from vce.core.contracts import all_test_frames, probs_file, read_index
@@ -22,9 +27,12 @@ from vce.core.errors import DataError
 from vce.core.io import read_json
 from vce.core.labels import LABELS
 from vce.core.params import PostParams, from_dict, load_params
+from vce.data.index import DataParams
 from vce.eval.report import ReportParams, ScoredSet, write_report
 from vce.post.events import EventParams
-from vce.post.timeline import join_probs
+from vce.post.thresholds import ThresholdParams
+from vce.post.timeline import event_time, join_probs
+from vce.viewer.build import ViewerSet, write_viewer
 
 
 def parse_args(argv):
@@ -48,6 +56,11 @@ def parse_args(argv):
     parser.add_argument("--held-out", default=None,
                         help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test events")
+    parser.add_argument("--clinical-events", default="data/events/clinical_val.json",
+                        help="the validation clinical list (events stage)")
+    parser.add_argument("--test-clinical-events", default="data/events/clinical_submission.json",
+                        help="the test clinical list (events stage)")
+    parser.add_argument("--viewer-dir", default="plots/viewer", help="the offline HTML viewer written here")
     return parser.parse_args(argv)
 
 
@@ -58,6 +71,8 @@ def main(argv=None) -> int:
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs
     configured_events = from_dict(EventParams, all_params["events"], "events").model_dump()
+    data = from_dict(DataParams, all_params["data"], "data")
+    min_gain = from_dict(ThresholdParams, all_params["thresholds"], "thresholds").engine.min_gain_sqrt_videos
     probs_path = args.probs or probs_file(source, "val", args.predict_dir, args.temporal_dir)
     probs, labels = join_probs(read_index(probs_path), read_index(args.frames))
     if labels is None:
@@ -86,11 +101,43 @@ def main(argv=None) -> int:
         plots_dir=args.plots_dir,
         report_path=args.report,
     )
+    saved = read_json(args.thresholds, "thresholds")
+    viewer = write_viewer(args.viewer_dir, _viewer_sets(args, data, source, sets[0], test_gt), saved, params.viewer,
+                          n_tuning_videos=probs["video_id"].nunique(), min_gain_sqrt_videos=min_gain,
+                          events=saved.get("events") or configured_events)
     for r in results:
         print(f"report: {r.scored.name:<10}  mAP@0.5 = {r.score['map@0.5']:.4f}   mAP@0.95 = {r.score['map@0.95']:.4f}"
               f"   empty submission = {r.empty['map@0.5']:.4f}")
     print(f"report: wrote {args.report} and {args.plots_dir}/")
+    print(f"report: viewer {args.viewer_dir}/index.html: {viewer['videos']} videos, {viewer['thumbnails']} thumbnails, "
+          f"{viewer['bytes'] / 1e6:.1f} MB")
     return 0
+
+
+def _frame_files(frames, root) -> pd.DataFrame:
+    """video_id, event time t and the frame file (under `root`) of every index row."""
+    return pd.DataFrame({"video_id": frames["video_id"].astype(str).to_numpy(), "t": event_time(frames),
+                         "path": [str(Path(root or ".") / p) for p in frames["path"]]})
+
+
+def _viewer_sets(args, data: DataParams, source: str, validation: ScoredSet, test_gt: dict) -> list[ViewerSet]:
+    """The validation set and, when there are test frames, every test video (truth where known)."""
+    frames = read_index(args.frames)
+    frames = frames[frames["video_id"].astype(str).isin(set(validation.probs["video_id"].astype(str)))]
+    sets = [ViewerSet("validation", validation.prediction, read_json(args.clinical_events, "validation clinical list"),
+                      validation.probs, _frame_files(frames, data.root), validation.units, validation.gt)]
+    test = read_index(args.test_index)
+    held = read_index(args.held_out) if args.held_out else None
+    index = all_test_frames(test, held)
+    if len(index):
+        files = pd.concat([_frame_files(test, data.test_root)]
+                          + ([_frame_files(held, data.root)] if held is not None and len(held) else []), ignore_index=True)
+        test_probs_path = args.test_probs or probs_file(source, "test", args.predict_dir, args.temporal_dir)
+        test_probs, _ = join_probs(read_index(test_probs_path), index)
+        scored = _scored_set("test", test_probs, index, test_gt, read_json(args.test_events, "test events"))
+        sets.append(ViewerSet("test", scored.prediction, read_json(args.test_clinical_events, "test clinical list"),
+                              scored.probs, files, scored.units, test_gt if test_gt["videos"] else None))
+    return sets
 
 
 def _scored_set(name: str, probs, frames, gt: dict, prediction: dict) -> ScoredSet:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT, load_stage, prepare_demo
+from viewer_check import check_viewer
 
 from vce.core.errors import DataError, ParamsError
 from vce.core.labels import LABELS
@@ -159,8 +160,12 @@ def test_detect_on_one_exam_folder_gives_the_pipelines_events(downstream, tmp_pa
             "--ensemble", str(root / "metrics/ensemble.json"), "--temporal", str(root / "models/temporal.pt"),
             "--thresholds", str(root / "models/thresholds.json")]
     assert json.loads((root / "models/thresholds.json").read_text())["probs"] == "temporal"
-    assert detect.main(argv) == 0
+    assert detect.main(argv + ["--clinical-out", str(tmp_path / "clinical.json"), "--viewer-dir", str(tmp_path / "viewer")]) == 0
     assert json.loads(out.read_text()) == json.loads((root / "events/submission.json").read_text())
+    clinical = json.loads((tmp_path / "clinical.json").read_text())
+    assert clinical == json.loads((root / "events/clinical_submission.json").read_text())
+    counts = check_viewer(tmp_path / "viewer", {"exam": (json.loads(out.read_text()), clinical)})
+    assert counts["events"] == sum(len(e["label"]) for v in json.loads(out.read_text())["videos"] for e in v["events"])
     # one model only: other probabilities, still a valid submission for that video
     assert detect.main(argv[:argv.index("--models") + 2] + argv[argv.index("--ensemble"):]) == 0
     assert [v["video_id"] for v in json.loads(out.read_text())["videos"]] == [video]

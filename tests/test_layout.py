@@ -24,9 +24,10 @@ ALLOWED = {
     "eval": {"core"},
     "post": {"core", "eval"},
     "train": {"core", "data", "model", "eval"},
-    "infer": {"core", "data", "model", "train", "eval", "post"},
+    "infer": {"core", "data", "model", "train", "eval", "post", "viewer"},
+    "viewer": {"core", "eval"},  # the HTML exam viewer: only the report stage and vce.infer.detect run it
 }
-TORCH_FREE = ("core", "demo", "eval", "post")
+TORCH_FREE = ("core", "demo", "eval", "post", "viewer")
 TORCH_FREE_STAGES = ("thresholds", "events", "score", "report", "index", "split", "demo_data")
 
 

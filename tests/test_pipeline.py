@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import load_stage, prepare_demo
+from viewer_check import check_viewer
 
 from vce.core.labels import LABELS
 from vce.eval.score import check_submission
@@ -87,6 +88,17 @@ def test_temporal_probabilities_feed_thresholds_and_report(pipeline):
     score = json.loads((pipeline / "metrics/score.json").read_text())
     assert f"{score['map@0.5']:.4f}" in report
     assert list((pipeline / "plots/timelines").glob("*.png"))
+
+
+def test_report_writes_the_viewer_of_both_sets(pipeline):
+    """The stage's viewer covers the validation and test submissions and clinical lists, offline."""
+    events = {name: json.loads((pipeline / f"events/{name}.json").read_text())
+              for name in ("val", "clinical_val", "submission", "clinical_submission")}
+    counts = check_viewer(pipeline / "plots/viewer", {"validation": (events["val"], events["clinical_val"]),
+                                                      "test": (events["submission"], events["clinical_submission"])})
+    assert counts["events"] == sum(len(e["label"]) for name in ("val", "submission")
+                                   for v in events[name]["videos"] for e in v["events"])
+    assert counts["thumbnails"] > 0 and (pipeline / "plots/viewer/label_validation_ulcer.html").is_file()
 
 
 def test_two_runs_from_scratch_give_identical_results(pipeline, tmp_path):

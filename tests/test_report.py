@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import section_params
 from PIL import Image
+from viewer_check import check_viewer
 
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import ParamsError, from_dict
@@ -278,6 +279,23 @@ def test_timeline_draws_fragment_boundaries_and_the_matching_counts(written, tmp
         assert (np.abs(pixels - colour).sum(axis=1) < 30).sum() > 10, colour
 
 
+def test_timeline_draws_true_positives_over_the_false_candidates_on_them(tmp_path):
+    """Test video 00051's mouth row read 1.00 / 1.00 but showed only orange: later FP candidates
+    over the same span (a metric-optimal submission's) were drawn over the TP, in file order."""
+    gt = {"videos": [{"video_id": "v", "events": [{"start": 0, "end": 49, "label": ["mouth"]},
+                                                  {"start": 50, "end": 299, "label": ["stomach"]}]}]}
+    candidates = [{"start": 0, "end": 49, "label": ["mouth"]}] + [
+        {"start": 0, "end": 49 + k, "label": ["mouth"]} for k in range(1, 6)]
+    rows = row_matches(gt, {"videos": [{"video_id": "v", "events": candidates}]}, "v")
+    assert rows[0].hits[0.5] == [1, 0, 0, 0, 0, 0] and rows[0].ap[0.5] == 1.0
+    probs = np.zeros((300, NUM_LABELS))
+    plot_timeline(tmp_path / "t.png", rows, np.arange(300), probs, {label: 0.5 for label in LABELS}, (0, 299),
+                  "index", "t", width=8, dpi=60)
+    pixels = np.asarray(Image.open(tmp_path / "t.png").convert("RGB")).reshape(-1, 3).astype(int)
+    blue, orange = ((np.abs(pixels - colour).sum(axis=1) < 30).sum() for colour in ([0x19, 0x71, 0xC2], [0xF0, 0x8C, 0x00]))
+    assert blue > 2 * orange  # the TP covers 50 of the row's 55 predicted frames, on top (in file order: 46 blue, 291 orange)
+
+
 def test_timeline_pngs_are_written_per_set_and_video(written):
     inputs, _, text = written
     params = inputs["params"]
@@ -305,6 +323,10 @@ def test_stage_main_writes_validation_and_test(tmp_path):
 
     frames, y_true, y_prob = _tiny_validation(seed=3)
     frames["split"] = "val"
+    frames["path"] = [f"{video_id}/frame_{frame}.png" for video_id, frame in zip(frames["video_id"], frames["frame"])]
+    for path in frames["path"]:  # the viewer's thumbnails read the frame files
+        (tmp_path / "root" / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (120, 40, 30)).save(tmp_path / "root" / path)
     probs = frames[["video_id", "frame"]].copy()
     probs[list(LABELS)] = y_prob.astype(np.float32)
     probs["valid"] = True
@@ -314,7 +336,7 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "events.json").write_text(json.dumps(gt))
     # The test set: video 12 again, in file-frame units, predicted with nothing.
-    test_index = frames[frames["video_id"] == "12"][["video_id", "frame", "index"]].assign(event_unit="frame")
+    test_index = frames[frames["video_id"] == "12"][["video_id", "frame", "index", "path"]].assign(event_unit="frame")
     test_index.to_parquet(tmp_path / "test_index.parquet")
     probs[probs["video_id"] == "12"].to_parquet(tmp_path / "test.parquet")
     test_gt = labels_to_submission(labels_on_time(frames[frames["video_id"] == "12"].assign(event_unit="frame")))
@@ -322,7 +344,8 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     (tmp_path / "submission.json").write_text(json.dumps(empty_submission(test_gt)))
     (tmp_path / "thresholds.json").write_text(json.dumps({"method": "f1", "thresholds": {k: 0.5 for k in LABELS}}))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["report"] = {**TINY, "timeline_dpi": 40}
+    params["report"] = {**params["report"], **TINY, "timeline_dpi": 40}
+    params["data"].update(root=str(tmp_path / "root"), test_root=str(tmp_path / "root"))
     params["score"]["test_gt"] = str(tmp_path / "test_gt.json")
     params["post"] = {"probs": "frame"}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -331,7 +354,9 @@ def test_stage_main_writes_validation_and_test(tmp_path):
             "--events", str(tmp_path / "events.json"), "--gt", str(tmp_path / "gt.json"),
             "--test-probs", str(tmp_path / "test.parquet"), "--test-index", str(tmp_path / "test_index.parquet"),
             "--test-events", str(tmp_path / "submission.json"),
-            "--plots-dir", str(tmp_path / "plots"), "--report", str(tmp_path / "report.md")]
+            "--plots-dir", str(tmp_path / "plots"), "--report", str(tmp_path / "report.md"),
+            "--clinical-events", str(tmp_path / "events.json"), "--test-clinical-events", str(tmp_path / "submission.json"),
+            "--viewer-dir", str(tmp_path / "viewer")]
     assert stage.main(argv) == 0
     text = (tmp_path / "report.md").read_text()
     assert _markdown_rows(text, "validation (tuned on it: optimistic)")[0][2:5] == ["1.0000", "1.0000", f"{14 / 17:.4f}"]
@@ -340,6 +365,8 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     assert (tmp_path / "plots" / "timelines" / "validation_12.png").is_file()
     assert (tmp_path / "plots" / "timelines" / "test_12.png").is_file()
     assert "### Test video 12" in text
+    counts = check_viewer(tmp_path / "viewer", {"validation": (gt, gt), "test": (empty_submission(test_gt),) * 2})
+    assert counts["events"] == sum(len(e["label"]) for v in gt["videos"] for e in v["events"]) and counts["thumbnails"]
 
 
 def test_offline_template_inlines_the_scripts_and_keeps_the_placeholder(tmp_path):

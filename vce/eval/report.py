@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,19 @@ from vce.eval.score import THRESHOLDS, score
 from vce.eval.timelines import merged_runs, plot_timeline, row_matches
 
 
+class ViewerParams(Section):
+    """`report.viewer`: the offline HTML exam viewer (`vce.viewer`)."""
+
+    thumbnail_px: int = Field(ge=16, le=1024)
+    image_format: Literal["jpeg", "webp"]
+    quality: int = Field(ge=1, le=95)
+    frames_per_event: int = Field(ge=1, le=16)
+    events_per_label: int = Field(ge=0)
+    errors_per_label: int = Field(ge=0)
+    max_thumbnails: int = Field(ge=0)
+    trace_bins: int = Field(ge=16)
+
+
 class ReportParams(Section):
     """`report`: plots and the markdown report."""
 
@@ -37,7 +51,7 @@ class ReportParams(Section):
     timeline_dpi: int = Field(ge=30, le=600)
     timeline_width: float = Field(ge=2, le=60)
     videos: list[str | int]
-
+    viewer: ViewerParams
 
 
 @dataclass

@@ -202,21 +202,25 @@ def _candidate_pairs(gt, pred, threshold: float) -> tuple[np.ndarray, np.ndarray
     return pair_pred[order], pair_gt[order]
 
 
-def _greedy_hits(pair_pred: np.ndarray, pair_gt: np.ndarray, n_pred: int, n_gt: int) -> np.ndarray:
-    """The evaluator's greedy matching, over candidate pairs only: 1 where a prediction matched."""
-    hits = np.zeros(n_pred, dtype=np.int64)
+def _greedy_match(pair_pred: np.ndarray, pair_gt: np.ndarray, n_pred: int, n_gt: int) -> np.ndarray:
+    """The evaluator's greedy matching, over candidate pairs only: the GT each prediction took, or -1."""
+    match = np.full(n_pred, -1, dtype=np.int64)
     if len(pair_pred) == 0:
-        return hits
+        return match
     if len(np.unique(pair_pred)) == len(pair_pred) and len(np.unique(pair_gt)) == len(pair_gt):
-        hits[pair_pred] = 1  # no prediction or GT segment is contested: every pair matches
-        return hits
+        match[pair_pred] = pair_gt  # no prediction or GT segment is contested: every pair matches
+        return match
     taken = bytearray(n_gt)
-    matched = bytearray(n_pred)
     for p, g in zip(pair_pred.tolist(), pair_gt.tolist()):
-        if not matched[p] and not taken[g]:
-            matched[p] = 1
+        if match[p] < 0 and not taken[g]:
+            match[p] = g
             taken[g] = 1
-    return np.frombuffer(bytes(matched), dtype=np.uint8).astype(np.int64)
+    return match
+
+
+def _greedy_hits(pair_pred: np.ndarray, pair_gt: np.ndarray, n_pred: int, n_gt: int) -> np.ndarray:
+    """1 where a prediction matched (`_greedy_match`), else 0."""
+    return (_greedy_match(pair_pred, pair_gt, n_pred, n_gt) >= 0).astype(np.int64)
 
 
 def _average_precisions(gt, pred, hits: np.ndarray, n_groups: int) -> np.ndarray:
@@ -285,6 +289,37 @@ def group_average_precisions(gt: tuple, pred: tuple, n_groups: int) -> dict | No
         hits = _greedy_hits(pair_pred, pair_gt, len(pred[0]), len(gt[0]))
         aps[threshold] = _average_precisions(gt, pred, hits, n_groups)
     return aps
+
+
+def event_matches(gt: dict, pred: dict) -> dict:
+    """The official matching of every predicted event, per (video id, label) of the scored videos.
+
+    Returns {(video_id, label): {"gt": (G, 2), "pred": (P, 2) int64 [start, end] in file order,
+    0.5: (P,), 0.95: (P,) the position in "gt" of the segment each prediction took, -1 for none}}.
+    Position i of a group is the i-th event of the video's file that carries the label (an event
+    with several labels is in each of their groups). For the viewer and error analysis: the same
+    candidate pairs and greedy pass as `score`; checked submissions only (no lenient fallback).
+    """
+    video_ids = _scored_videos(gt)
+    video_pos = {video_id: v for v, video_id in enumerate(video_ids)}
+    n_groups = len(video_ids) * NUM_LABELS
+    gt_arrays, pred_arrays = _flatten(gt, video_pos), _flatten(pred, video_pos)
+    if gt_arrays is None or pred_arrays is None or not _fits_int64(gt_arrays, pred_arrays, n_groups):
+        raise DataError("event_matches: events with non-integer frames, start > end or frames past 2**40")
+    gt_first = np.searchsorted(gt_arrays[0], np.arange(n_groups + 1))
+    pred_first = np.searchsorted(pred_arrays[0], np.arange(n_groups + 1))
+    matches = {threshold: _greedy_match(*_candidate_pairs(gt_arrays, pred_arrays, threshold), len(pred_arrays[0]),
+                                        len(gt_arrays[0])) for threshold in THRESHOLDS}
+    out = {}
+    for group in range(n_groups):
+        g0, g1, p0, p1 = gt_first[group], gt_first[group + 1], pred_first[group], pred_first[group + 1]
+        entry = {"gt": np.stack([gt_arrays[1][g0:g1], gt_arrays[2][g0:g1]], axis=1),
+                 "pred": np.stack([pred_arrays[1][p0:p1], pred_arrays[2][p0:p1]], axis=1)}
+        for threshold, match in matches.items():
+            local = match[p0:p1]
+            entry[threshold] = np.where(local >= 0, local - g0, -1)
+        out[(video_ids[group // NUM_LABELS], LABELS[group % NUM_LABELS])] = entry
+    return out
 
 
 def score(gt: dict, pred: dict, check: bool = True, strict: bool = True) -> dict:

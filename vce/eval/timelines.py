@@ -8,7 +8,8 @@ into one bar would hide what `vce.eval.score` punishes. Here each label row show
 - the ground-truth fragments, with a dark tick at every boundary where one fragment touches
   the next (invisible in a merged bar);
 - the predicted events twice, coloured true/false positive by the official greedy matching at
-  tIoU 0.5 (upper strip) and at 0.95 (lower strip), a white gap where two of them touch;
+  tIoU 0.5 (upper strip) and at 0.95 (lower strip), true positives drawn over the false ones, a
+  white gap where two of them touch;
 - the frame probability trace with the label's threshold (dashed; none when the label is off);
 - on the right, the row's temporal AP at both tIoUs and its event counts.
 
@@ -184,10 +185,13 @@ def plot_timeline(
             ax.vlines(boundaries, y + 0.71, y + 0.97, colors=BOUNDARY_COLOR, linewidth=1.0)
         drawn["boundaries"] += len(boundaries)
         drawn["gt_fragments"] += len(row.gt)
-        # 2. Predictions, coloured by the official matching at each tIoU.
+        # 2. Predictions, coloured by the official matching at each tIoU: false positives first,
+        # true positives over them (a metric-optimal submission stacks candidates on one span,
+        # and a TP drawn in file order under its later FP candidates would not show).
         for threshold, bottom in zip(THRESHOLDS, (y + 0.60, y + 0.47)):
             hits = row.hits[threshold]
-            bars(row.pred, bottom, 0.11, [TP_COLOR if hit else FP_COLOR for hit in hits])
+            bars([seg for seg, hit in zip(row.pred, hits) if not hit], bottom, 0.11, FP_COLOR)
+            bars([seg for seg, hit in zip(row.pred, hits) if hit], bottom, 0.11, TP_COLOR)
             drawn[f"tp@{threshold}"] += sum(hits)
             drawn[f"fp@{threshold}"] += len(hits) - sum(hits)
         touching = fragment_boundaries(row.pred)  # adjacent predicted events: a white gap keeps them apart

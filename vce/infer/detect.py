@@ -11,6 +11,10 @@ ensemble stage's weights (`--ensemble`, when it names as many folds; else the me
 temporal model refines them when `models/thresholds.json` was tuned on temporal
 probabilities; then what the thresholds stage fitted (the score engine, or thresholds and
 event post-processing) turns them into events, as the events stage does. Writes the official submission JSON (one video) to `--out`.
+
+    --clinical-out clinical.json   also the clinical list (the engine: one event per run; else the same events)
+    --viewer-dir exam_viewer/      also the offline HTML viewer of the exam (`vce.viewer.build`; no ground truth,
+                                   so no TP/FP marks; params.yaml `report.viewer` sizes the thumbnails)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from vce.core.labels import LABELS, check_labels
 from vce.core.params import from_dict, load_params
 from vce.data.frame_files import IndexReport
 from vce.data.index import DataParams, index_test_video
+from vce.eval.report import ReportParams
 from vce.infer.ensemble import fuse, fuse_embeddings
 from vce.infer.predict import PredictParams, predict_frames
 from vce.infer.temporal import align, build_sequences, load_temporal, probs_frame, read_embeddings, refine
@@ -39,7 +44,9 @@ from vce.model import checkpoint
 from vce.model.device import resolve_device
 from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission
-from vce.post.timeline import join_probs
+from vce.post.thresholds import ThresholdParams
+from vce.post.timeline import event_time, join_probs
+from vce.viewer.build import ViewerSet, write_viewer
 
 
 def parse_args(argv):
@@ -51,6 +58,8 @@ def parse_args(argv):
     parser.add_argument("--temporal", default="models/temporal.pt", help="temporal model (temporal stage)")
     parser.add_argument("--thresholds", default="models/thresholds.json", help="tuned thresholds and events")
     parser.add_argument("--params", default="params.yaml", help="data, predict and events sections")
+    parser.add_argument("--clinical-out", default=None, help="also write the clinical list (one event per run) here")
+    parser.add_argument("--viewer-dir", default=None, help="also write the exam's offline HTML viewer here")
     return parser.parse_args(argv)
 
 
@@ -94,6 +103,10 @@ def main(argv=None) -> int:
     predict_params = from_dict(PredictParams, params["predict"], "predict")
     thresholds, tuned, source, engine = load_tuned(Path(args.thresholds))
     event_params = from_dict(EventParams, tuned or params["events"], f"{args.thresholds}:events" if tuned else "events")
+    viewer = None  # checked before any model runs
+    if args.viewer_dir:
+        viewer = (from_dict(ReportParams, params["report"], "report").viewer,
+                  from_dict(ThresholdParams, params["thresholds"], "thresholds").engine.min_gain_sqrt_videos)
     models = args.models or sorted(str(p) for p in Path("models/folds").glob("*/model.pt"))
     if not models:
         raise DataError("no models: pass --models or train the pipeline (models/folds/<k>/model.pt)")
@@ -125,14 +138,35 @@ def main(argv=None) -> int:
             probs = probs_frame(seq, refine(temporal.to(device), seq, device))
     joined, _ = join_probs(probs, frames)
     if engine is not None:  # thresholds.method engine: the metric-optimal submission, as the events stage writes
-        submission, _ = engine_submission(joined, engine)
+        submission, clinical = engine_submission(joined, engine)
     else:
-        submission = probs_to_submission(joined, thresholds, event_params)
+        submission = clinical = probs_to_submission(joined, thresholds, event_params)
     write_json(args.out, submission, indent=None)
+    if args.clinical_out:
+        write_json(args.clinical_out, clinical, indent=None)
+    if args.viewer_dir:
+        write_exam_viewer(args.viewer_dir, folder, frames, joined, submission, clinical, *viewer, Path(args.thresholds),
+                          params["events"])
+        print(f"{folder.name}: viewer {Path(args.viewer_dir) / 'index.html'}")
     events = sum(len(v["events"]) for v in submission["videos"])
     print(f"{folder.name}: {len(frames)} frames, {len(models)} model(s), {source} probabilities → "
           f"{events} event(s) in {args.out}")
     return 0
+
+
+def write_exam_viewer(out_dir, folder: Path, frames: pd.DataFrame, joined: pd.DataFrame, submission: dict,
+                      clinical: dict, viewer_params, min_gain_sqrt_videos: float, thresholds_path: Path,
+                      configured_events: dict) -> dict:
+    """The viewer of one exam: its events and clinical list on the timeline, thumbnails of its frames."""
+    trace = joined[["video_id", "t", *LABELS]].copy()
+    trace.loc[~joined["valid"].to_numpy(bool), list(LABELS)] = np.nan
+    files = pd.DataFrame({"video_id": frames["video_id"].astype(str).to_numpy(), "t": event_time(frames),
+                          "path": [str(folder.parent / p) for p in frames["path"]]})
+    units = {str(v): str(u) for v, u in frames.groupby("video_id", sort=False)["event_unit"].first().items()}
+    saved = json.loads(thresholds_path.read_text())
+    return write_viewer(out_dir, [ViewerSet("exam", submission, clinical, trace, files, units)], saved, viewer_params,
+                        n_tuning_videos=None, min_gain_sqrt_videos=min_gain_sqrt_videos,
+                        events=saved.get("events") or configured_events)
 
 
 if __name__ == "__main__":
