@@ -16,7 +16,7 @@ from viewer_check import check_viewer, parse
 from vce.core.labels import LABEL_INDEX, LABELS
 from vce.eval.report import ReportParams, ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches
-from vce.eval.timelines import average_precision
+from vce.eval.timelines import ranked_hits_ap
 from vce.viewer.build import ViewerSet, trace_bins, write_viewer
 from vce.viewer.silence import decision, drawn_threshold, silence_reason
 from vce.viewer.thumbnails import Request, event_frames, plan_thumbnails
@@ -139,7 +139,7 @@ def test_marks_are_the_official_matching(case):
         for i, threshold in enumerate(THRESHOLDS):
             assert [r[4 + i] for r in rows] == _reference_match(gt, [(r[0], r[1]) for r in rows], threshold), label
             hits = [int(r[4 + i] >= 0) for r in rows]
-            assert math.isclose(average_precision(hits, len(gt), len(rows)), aps[threshold][0, k]), label
+            assert math.isclose(ranked_hits_ap(hits, len(gt), len(rows)), aps[threshold][0, k]), label
             assert math.isclose(data["ap"][k][i], round(aps[threshold][0, k], 4))
             taken = {r[4 + i] for r in rows if r[4 + i] >= 0}
             assert [r[4 + i] for r in sorted((r for r in data["gt"] if r[2] == k), key=lambda r: r[3])] == \
