@@ -10,12 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import pandas as pd
-
 from vce.core import runner
-from vce.core.contracts import read_index
 from vce.core.params import from_dict, load_params
-from vce.data.index import DataParams
 
 
 def parse_args(argv):
@@ -23,8 +19,8 @@ def parse_args(argv):
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
     parser.add_argument("--test", default="data/index/test.parquet", help="test frame index")
-    parser.add_argument("--held-out", default=None,
-                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
+    parser.add_argument("--held-out", default="data/split/test.parquet",
+                        help="labelled test videos held out by split.test_videos ('': none)")
     parser.add_argument("--out", default="data/cache", help="cache folder written")
     return parser.parse_args(argv)
 
@@ -33,7 +29,12 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    import pandas as pd
+
+    from vce.core.contracts import read_index
     from vce.data.frame_cache import CacheParams, build_cache, write_disabled
+    from vce.data.index import DataParams
+
     params = load_params(args.params)
     cache = from_dict(CacheParams, params["cache"], "cache")
     data = from_dict(DataParams, params["data"], "data")

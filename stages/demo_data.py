@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.params import load_section
-from vce.demo.generate import DemoParams, generate
 
 
 @runner.stage
@@ -26,6 +24,10 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--out", default="data/demo", help="demo dataset folder written")
     args = parser.parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.params import load_section
+    from vce.demo.generate import DemoParams, generate
+
     cfg = load_section(args.params, "demo", DemoParams)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,13 +23,9 @@ import time
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
-from vce.core.labels import LABELS
 from vce.core.params import from_dict, load_params
-from vce.data.split import SplitParams
-from vce.infer.ensemble import EnsembleParams, class_weights, fuse, fuse_embeddings, gather_oof
 
 
 def parse_args(argv):
@@ -47,6 +43,10 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.core.contracts import read_index
+    from vce.core.labels import LABELS
+    from vce.data.split import SplitParams
+    from vce.infer.ensemble import EnsembleParams, class_weights, fuse, fuse_embeddings, gather_oof
     from vce.infer.predict import PredictParams
     params = load_params(args.params)
     split = from_dict(SplitParams, params["split"], "split")

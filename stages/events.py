@@ -18,17 +18,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import check_labels
 from vce.core.params import PostParams, from_dict, load_params
-from vce.eval.score import check_submission
-from vce.post.engine import Engine, engine_submission
-from vce.post.events import EventParams, probs_to_submission, write_xlsx
-from vce.post.timeline import join_probs
+
+if TYPE_CHECKING:  # the heavy imports (numpy, pandas) happen in the functions: `--help` stays fast
+    from vce.post.engine import Engine
 
 
 def parse_args(argv):
@@ -37,12 +36,12 @@ def parse_args(argv):
     parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing (thresholds stage)")
     parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory post.probs picks")
     parser.add_argument("--test-probs", default=None, help="default: test.parquet of the directory post.probs picks")
-    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--predict-dir", default="data/ensemble", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
+    parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="labelled frame index with split column")
     parser.add_argument("--test-frames", default="data/index/test.parquet", help="test frame index")
-    parser.add_argument("--held-out", default=None,
-                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
+    parser.add_argument("--held-out", default="data/split/test.parquet",
+                        help="labelled test videos held out by split.test_videos ('': none)")
     parser.add_argument("--out-dir", default="data/events", help="events written here (val/submission .json and .xlsx)")
     return parser.parse_args(argv)
 
@@ -67,6 +66,7 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
 
 def load_engine(path: str) -> Engine | None:
     """The fitted score engine of thresholds.json (`thresholds.method: engine`), else None."""
+    from vce.post.engine import Engine
     saved = json.loads(Path(path).read_text()).get("engine")
     return Engine.from_dict(saved, f"{path}:engine") if saved else None
 
@@ -74,6 +74,12 @@ def load_engine(path: str) -> Engine | None:
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.eval.score import check_submission
+    from vce.post.engine import engine_submission
+    from vce.post.events import EventParams, probs_to_submission, write_xlsx
+    from vce.post.timeline import join_probs
     params = load_params(args.params)
     event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs

@@ -17,7 +17,6 @@ import time
 from vce.core import runner
 from vce.core.io import atomic_paths, json_text
 from vce.core.params import load_section
-from vce.data.index import DataParams, build_index
 
 
 @runner.stage
@@ -28,6 +27,9 @@ def main(argv=None) -> int:
     parser.add_argument("--test-out", default="data/index/test.parquet", help="test frame index written")
     parser.add_argument("--report", default="metrics/index_report.json", help="counts and warnings of the listing")
     args = parser.parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and pandas-free.
+    from vce.data.index import DataParams, build_index
+
     began = time.perf_counter()
     cfg = load_section(args.params, "data", DataParams)
     frames, test, report = build_index(cfg)

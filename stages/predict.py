@@ -25,15 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.params import from_dict, load_params
-from vce.data.folds import check_unseen, fold_frames, held_out_videos
-from vce.data.index import DataParams
-from vce.data.split import SplitParams
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the heavy imports (torch, pandas) happen in the functions: `--help` stays fast
+    from vce.data.index import DataParams
     from vce.infer.predict import PredictParams
 
 
@@ -44,19 +41,33 @@ def parse_args(argv):
                         help="labelled: the fold's held-out (and, with one split, training) videos; "
                              "test: the test set; all: both")
     parser.add_argument("--fold", type=int, default=0, help="the fold whose model predicts (labelled: its held-out videos)")
-    parser.add_argument("--model", default="models/folds/0/model.pt", help="trained model file")
+    parser.add_argument("--model", default=None, help="trained model file (None: models/folds/<fold>/model.pt)")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split and fold")
     parser.add_argument("--test", default="data/index/test.parquet", help="unlabelled test frame index")
-    parser.add_argument("--held-out", default=None,
-                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
+    parser.add_argument("--held-out", default="data/split/test.parquet",
+                        help="labelled test videos held out by split.test_videos (test and all parts)")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
-    parser.add_argument("--out-dir", default="data/predict/fold_0", help="probabilities (and embeddings) written here")
-    parser.add_argument("--report", default="metrics/folds/predict_0.json", help="frame counts and undecodable frames")
-    return parser.parse_args(argv)
+    parser.add_argument("--out-dir", default=None, help="probabilities (and embeddings) written here "
+                        "(None: data/predict_test/fold_<fold> for the test part, else data/predict/fold_<fold>)")
+    parser.add_argument("--report", default=None, help="frame counts and undecodable frames (None: "
+                        "metrics/folds/predict_test_<fold>.json for the test part, else metrics/folds/predict_<fold>.json)")
+    return fold_paths(parser.parse_args(argv))
+
+
+def fold_paths(args):
+    """Fill the paths left None with fold k's, the ones dvc.yaml's `predict@k` / `predict_test@k` declare."""
+    k, test = args.fold, "_test" if args.part == "test" else ""
+    args.model = args.model or f"models/folds/{k}/model.pt"
+    args.out_dir = args.out_dir or f"data/predict{test}/fold_{k}"
+    args.report = args.report or f"metrics/folds/predict{test}_{k}.json"
+    return args
 
 
 def labelled_jobs(args, params: dict, data: DataParams, predict_params: PredictParams, payload: dict):
     """(split, rows, root) to predict for the labelled part, and the coverage record."""
+    from vce.core.contracts import read_index
+    from vce.data.folds import check_unseen, fold_frames, held_out_videos
+    from vce.data.split import SplitParams
     split = from_dict(SplitParams, params["split"], "split")
     frames = fold_frames(read_index(args.frames), args.fold, args.frames)
     held_out = held_out_videos(frames, args.fold)
@@ -72,6 +83,8 @@ def labelled_jobs(args, params: dict, data: DataParams, predict_params: PredictP
 
 def job_for_test_set(args, data: DataParams, payload: dict):
     """("test", rows, root): the test index, plus the held-out labelled videos (paths joined to their roots)."""
+    from vce.core.contracts import all_test_frames, read_index
+    from vce.data.folds import check_unseen
     test = read_index(args.test)
     if len(test) and data.test_root is None:
         raise DataError(f"{args.test} has frames but data.test_root is null")
@@ -91,6 +104,8 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
     from vce.data.frame_cache import FrameCache
+    from vce.data.index import DataParams
+    from vce.data.split import SplitParams
     from vce.infer.predict import PredictParams, predict_sharded
     from vce.model import checkpoint
     from vce.model.device import resolve_device, setup_distributed

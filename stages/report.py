@@ -17,22 +17,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import read_json
 from vce.core.labels import LABELS
 from vce.core.params import PostParams, from_dict, load_params
-from vce.data.index import DataParams
-from vce.eval.report import ReportParams, ScoredSet, write_report
-from vce.post.events import EventParams
-from vce.post.thresholds import ThresholdParams
-from vce.post.timeline import event_time, join_probs
-from vce.viewer.build import ViewerSet, write_viewer
+
+if TYPE_CHECKING:  # the heavy imports (numpy, pandas) happen in the functions: `--help` stays fast
+    import pandas as pd
+
+    from vce.data.index import DataParams
+    from vce.eval.report import ScoredSet
+    from vce.viewer.build import ViewerSet
 
 
 def parse_args(argv):
@@ -40,9 +38,9 @@ def parse_args(argv):
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
                         help="validation probabilities (None: the ones post.probs selects)")
-    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--predict-dir", default="data/ensemble", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
+    parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels")
     parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing")
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--gt", default="data/score/val_gt.json", help="validation ground-truth events")
@@ -53,8 +51,8 @@ def parse_args(argv):
     parser.add_argument("--test-probs", default=None,
                         help="test probabilities (None: the ones post.probs selects; used when the test truth is known)")
     parser.add_argument("--test-index", default="data/index/test.parquet", help="test frame index")
-    parser.add_argument("--held-out", default=None,
-                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
+    parser.add_argument("--held-out", default="data/split/test.parquet",
+                        help="labelled test videos held out by split.test_videos ('': none)")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test events")
     parser.add_argument("--clinical-events", default="data/events/clinical_val.json",
                         help="the validation clinical list (events stage)")
@@ -67,6 +65,14 @@ def parse_args(argv):
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.data.index import DataParams
+    from vce.eval.report import ReportParams, write_report
+    from vce.post.events import EventParams
+    from vce.post.thresholds import ThresholdParams
+    from vce.post.timeline import join_probs
+    from vce.viewer.build import write_viewer
     all_params = load_params(args.params)
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs
@@ -116,12 +122,20 @@ def main(argv=None) -> int:
 
 def _frame_files(frames, root) -> pd.DataFrame:
     """video_id, event time t and the frame file (under `root`) of every index row."""
+    import pandas as pd
+
+    from vce.post.timeline import event_time
     return pd.DataFrame({"video_id": frames["video_id"].astype(str).to_numpy(), "t": event_time(frames),
                          "path": [str(Path(root or ".") / p) for p in frames["path"]]})
 
 
 def _viewer_sets(args, data: DataParams, source: str, validation: ScoredSet, test_gt: dict) -> list[ViewerSet]:
     """The validation set and, when there are test frames, every test video (truth where known)."""
+    import pandas as pd
+
+    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.post.timeline import join_probs
+    from vce.viewer.build import ViewerSet
     frames = read_index(args.frames)
     frames = frames[frames["video_id"].astype(str).isin(set(validation.probs["video_id"].astype(str)))]
     sets = [ViewerSet("validation", validation.prediction, read_json(args.clinical_events, "validation clinical list"),
@@ -142,6 +156,9 @@ def _viewer_sets(args, data: DataParams, source: str, validation: ScoredSet, tes
 
 def _scored_set(name: str, probs, frames, gt: dict, prediction: dict) -> ScoredSet:
     """A set's probabilities (NaN where invalid) with the event unit of each video."""
+    import numpy as np
+
+    from vce.eval.report import ScoredSet
     trace = probs[["video_id", "t", *LABELS]].copy()
     trace.loc[~probs["valid"].to_numpy(), list(LABELS)] = np.nan
     units = frames.groupby("video_id", sort=False)["event_unit"].first()

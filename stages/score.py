@@ -23,24 +23,20 @@ import time
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import read_index
 from vce.core.io import read_json, write_json
 from vce.core.params import ScoreParams, load_section
-from vce.eval.score import check_submission, score
-from vce.post.events import labels_to_submission
-from vce.post.timeline import labels_on_time
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
+    parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels and split")
     parser.add_argument("--params", default="params.yaml", help="params file (section score)")
     parser.add_argument("--test-events", default="data/events/submission.json", help="predicted test-set events")
     parser.add_argument("--frame-metrics", default="metrics/thresholds.json",
                         help="the thresholds stage's metrics: frame_map of the probabilities behind the events")
-    parser.add_argument("--held-out", default=None,
-                        help="labelled test videos held out by split.test_videos (data/split/test.parquet); none by default")
+    parser.add_argument("--held-out", default="data/split/test.parquet",
+                        help="labelled test videos held out by split.test_videos ('': none)")
     parser.add_argument("--gt-out", default="data/score/val_gt.json", help="validation ground truth written here")
     parser.add_argument("--test-gt-out", default=None,
                         help="the test ground truth scored against, written here (None: test_gt.json beside --gt-out)")
@@ -82,6 +78,9 @@ def known_test_truth(events_path: str, test_gt: str | None, held_out) -> tuple[d
     (split.test_videos) through their labels. Test-root videos without `score.test_gt` are left
     out of the score, with a warning. The submission must hold exactly the known videos.
     """
+    from vce.eval.score import check_submission
+    from vce.post.events import labels_to_submission
+    from vce.post.timeline import labels_on_time
     held_gt = labels_to_submission(labels_on_time(held_out)) if held_out is not None and len(held_out) else None
     if test_gt is None and held_gt is None:
         return None, None
@@ -111,6 +110,11 @@ def known_test_truth(events_path: str, test_gt: str | None, held_out) -> tuple[d
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
+    # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.contracts import read_index
+    from vce.eval.score import score
+    from vce.post.events import labels_to_submission
+    from vce.post.timeline import labels_on_time
     test_gt = load_section(args.params, "score", ScoreParams).test_gt
     frames = read_index(args.frames)
     prediction = read_json(args.events, "validation events")

@@ -16,13 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from vce.core import runner
 from vce.core.errors import DataError
-from vce.core.io import write_json, write_parquet
+from vce.core.io import write_json
 from vce.core.params import load_section
-from vce.data.split import SplitParams, split_frames
 
 
 @runner.stage
@@ -35,6 +32,12 @@ def main(argv=None) -> int:
                         help="held-out labelled test videos (split.test_videos) written here (None: test.parquet beside --out)")
     parser.add_argument("--metrics", default="metrics/split.json", help="videos and label coverage per split")
     args = parser.parse_args(argv)
+    # Heavy imports here, not at the top: `--help` stays fast and pandas-free.
+    import pandas as pd
+
+    from vce.core.io import write_parquet
+    from vce.data.split import SplitParams, split_frames
+
     test_out = args.test_out or Path(args.out).with_name("test.parquet")
     cfg = load_section(args.params, "split", SplitParams)
     if not Path(args.index).is_file():

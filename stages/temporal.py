@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import probs_schema, read_index, temporal_probs, write_probs
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.params import BaseParams, PostParams, from_dict, load_params
@@ -29,8 +28,8 @@ from vce.core.params import BaseParams, PostParams, from_dict, load_params
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
-    parser.add_argument("--predict-dir", default="data/predict", help="probabilities and <split>_embeddings.parquet")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels and split")
+    parser.add_argument("--predict-dir", default="data/ensemble", help="probabilities and <split>_embeddings.parquet")
+    parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels and split")
     parser.add_argument("--out-dir", default="data/temporal", help="refined probabilities written here")
     parser.add_argument("--metrics", default="metrics/temporal.json", help="training summary and frame mAP")
     parser.add_argument("--model-out", default="models/temporal.pt", help="the trained model (read by vce.infer.detect)")
@@ -41,6 +40,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
+    from vce.core.contracts import probs_schema, read_index, temporal_probs, write_probs
     from vce.infer.temporal import TemporalParams, probs_frame, save_temporal
     from vce.infer.temporal_fit import fit_temporal, missing_embeddings
     from vce.model.device import resolve_device

@@ -14,16 +14,10 @@ import sys
 import time
 
 from vce.core import runner
-from vce.core.contracts import probs_file, read_index
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS
 from vce.core.params import BaseParams, PostParams, from_dict, load_params
-from vce.eval.frame_metrics import frame_metrics
-from vce.post.engine import fit_engine, presence_rates, tuning_timeline
-from vce.post.events import EventParams, labels_to_submission
-from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
-from vce.post.timeline import join_probs, labels_on_time
 
 
 def parse_args(argv):
@@ -31,9 +25,9 @@ def parse_args(argv):
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
                         help="validation probabilities (None: val.parquet of --predict-dir or --temporal-dir, as post.probs says)")
-    parser.add_argument("--predict-dir", default="data/predict", help="the frame model's probabilities")
+    parser.add_argument("--predict-dir", default="data/ensemble", help="the frame model's probabilities")
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
-    parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with labels")
+    parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels")
     parser.add_argument("--out", default="models/thresholds.json", help="thresholds and tuned post-processing written")
     parser.add_argument("--metrics", default="metrics/thresholds.json", help="frame AP per class, tuning report")
     return parser.parse_args(argv)
@@ -43,6 +37,13 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
+    # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.contracts import probs_file, read_index
+    from vce.eval.frame_metrics import frame_metrics
+    from vce.post.engine import fit_engine, presence_rates, tuning_timeline
+    from vce.post.events import EventParams, labels_to_submission
+    from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+    from vce.post.timeline import join_probs, labels_on_time
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
     threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")

@@ -32,14 +32,24 @@ def parse_args(argv):
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with split column")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
     parser.add_argument("--prompts", default="models/prompt_embeddings.pt", help="prompt embeddings file")
-    parser.add_argument("--model-out", default="models/model.pt", help="best EMA weights written")
-    parser.add_argument("--state-dir", default="models/train_state", help="resumable checkpoints")
-    parser.add_argument("--metrics", default="metrics/train.json", help="best and final epoch metrics")
-    parser.add_argument("--live-dir", default="metrics/train", help="DVCLive directory")
-    parser.add_argument("--fold", type=int, default=None,
-                        help="train fold k's model: validate on the videos fold k holds out, train on the rest "
-                             "(None: the index's split column)")
-    return parser.parse_args(argv)
+    parser.add_argument("--fold", type=int, default=0,
+                        help="train fold k's model: validate on the videos fold k holds out, train on the rest")
+    parser.add_argument("--model-out", default=None, help="best EMA weights written (None: models/folds/<fold>/model.pt)")
+    parser.add_argument("--state-dir", default=None,
+                        help="resumable checkpoints (None: models/train_state/fold_<fold>)")
+    parser.add_argument("--metrics", default=None, help="best and final epoch metrics (None: metrics/folds/train_<fold>.json)")
+    parser.add_argument("--live-dir", default=None, help="DVCLive directory (None: metrics/train/fold_<fold>)")
+    return fold_paths(parser.parse_args(argv))
+
+
+def fold_paths(args):
+    """Fill the paths left None with fold k's, the ones dvc.yaml's `train@k` declares."""
+    k = args.fold
+    args.model_out = args.model_out or f"models/folds/{k}/model.pt"
+    args.state_dir = args.state_dir or f"models/train_state/fold_{k}"
+    args.metrics = args.metrics or f"metrics/folds/train_{k}.json"
+    args.live_dir = args.live_dir or f"metrics/train/fold_{k}"
+    return args
 
 
 def datasets(frames: pd.DataFrame, root, model, params: TrainParams, cache: FrameCache | None,
@@ -132,9 +142,7 @@ def main(argv=None) -> int:
     train_params = from_dict(TrainParams, params["train"], "train")
     check_learning_rates(train_params, model_params.source)  # before any download or decoding
 
-    frames = read_index(args.frames)
-    if args.fold is not None:
-        frames = fold_frames(frames, args.fold, args.frames)
+    frames = fold_frames(read_index(args.frames), args.fold, args.frames)
     torch.manual_seed(seed)
     prompts = load_prompt_embeddings(args.prompts)
     model = create_model(model_params, prompts)

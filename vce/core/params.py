@@ -84,6 +84,7 @@ class BaseParams(Section):
     """`base`: what every stage shares."""
 
     seed: int = Field(ge=0)
+    exact_cpu: bool
 
 
 class PostParams(Section):

@@ -10,6 +10,10 @@ A user error is the project's own `VCEError` (bad params, bad data, a missing in
 OSError from the file system (file not found, permission denied, disk full): the message names
 the key or file, so a traceback would add nothing. Anything else is a bug and keeps its full
 traceback (Python exits 1).
+
+Started from the command line (`argv` None), a stage first applies `base.exact_cpu`
+(vce/core/exact.py): it re-executes itself with baseline numerics before anything heavy is
+imported, so the demo gives the same bytes on any x86-64 CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ def stage(main: Callable[..., int | None]) -> Callable[..., int]:
 
     @functools.wraps(main)
     def wrapped(argv=None) -> int:
+        if argv is None:
+            from vce.core import exact
+            exact.reexec_if_wanted()
         return run(lambda: main(argv))
 
     return wrapped

@@ -1,0 +1,94 @@
+"""Exact CPU numerics: the same bytes on any x86-64 CPU and core count (`base.exact_cpu`).
+
+Float results on a CPU depend on the instruction set each library picks at run time (AVX2 or
+AVX-512 kernels sum in other orders, their exp/log differ in the last bit) and on how many
+threads split a reduction. A tiny model trained for eight epochs turns one-ulp differences into
+other weights, so a second machine would get another demo model and another `dvc.lock`.
+
+With `base.exact_cpu: true` a stage started from the command line re-executes itself once,
+before numpy or torch is imported, with every library pinned to its baseline code path and one
+thread:
+
+- ATen (torch's CPU kernels): `ATEN_CPU_CAPABILITY=default` (no AVX2/AVX-512 dispatch);
+- MKL (torch's matmul): conditional numerical reproducibility, `MKL_CBWR=COMPATIBLE`;
+- oneDNN (torch's convolutions): `ONEDNN_MAX_CPU_ISA=SSE41`;
+- numpy's own SIMD loops: `NPY_DISABLE_CPU_FEATURES` lists every dispatched feature;
+- OpenBLAS (numpy and scipy): one generic core type, `OPENBLAS_CORETYPE=Prescott`;
+- one thread everywhere (`OMP_NUM_THREADS`, `MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS`).
+
+The switch is the demo's (CPU, tiny model): a real run sets it false and keeps every fast path.
+It does not touch GPU kernels. What it costs is in docs/reproducibility.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+HEAVY = {"numpy", "torch", "scipy", "pandas", "pyarrow", "sklearn"}
+MARKER = "VCE_EXACT_CPU"  # set in the re-executed process: never re-execute twice
+
+# numpy 2.x groups (X86_V3 …) and the older single-feature names: unknown names are ignored.
+NUMPY_DISPATCHED = ("X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512_SKX AVX512_CLX AVX512_CNL AVX512F AVX512CD "
+                    "AVX512_KNL AVX512_KNM AVX2 FMA3 F16C AVX")
+
+SETTINGS = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "DNNL_MAX_CPU_ISA": "SSE41",
+    "NPY_DISABLE_CPU_FEATURES": NUMPY_DISPATCHED,
+    "OPENBLAS_CORETYPE": "Prescott",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+}
+
+
+def exact_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with every library pinned to its baseline path and one thread, and the marker."""
+    return {**environ, **SETTINGS, MARKER: "1"}
+
+
+def wanted(params_path: str | Path) -> bool:
+    """Whether `params_path` asks for exact CPU numerics (`base.exact_cpu: true`).
+
+    Read leniently: a params file that is missing or broken answers False here, and the stage
+    then reports it with its usual one-line error."""
+    try:
+        base = (yaml.safe_load(Path(params_path).read_text(encoding="utf-8")) or {}).get("base") or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return False
+    return base.get("exact_cpu") is True
+
+
+def params_argument(argv: list[str]) -> str:
+    """The `--params` value of a stage's command line (its default `params.yaml`)."""
+    for i, arg in enumerate(argv):
+        if arg == "--params" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--params="):
+            return arg.split("=", 1)[1]
+    return "params.yaml"
+
+
+def reexec_if_wanted(argv: list[str] | None = None) -> None:
+    """Re-execute this command under `exact_env` when its params ask for it (never returns then).
+
+    A no-op when already re-executed and for `--help`. The libraries read these settings once,
+    when they load, so a stage module must not import them at its top: if one is already loaded
+    here, that is a bug in the stage and an error rather than a silently inexact run."""
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get(MARKER) == "1" or {"-h", "--help"} & set(argv):
+        return
+    if not wanted(params_argument(argv)):
+        return
+    loaded = sorted(HEAVY & set(sys.modules))
+    if loaded:
+        raise RuntimeError(f"{loaded} imported before base.exact_cpu could apply: import them inside the stage's main")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], exact_env(dict(os.environ)))
