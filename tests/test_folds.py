@@ -36,6 +36,7 @@ def fold_argv(args, tmp_path, fold: int, model_fold: int | None = None) -> dict[
                         "--out-dir", str(tmp_path / f"predict/fold_{fold}"),
                         "--report", str(tmp_path / f"metrics/folds/predict_{fold}.json")],
         "predict_test": p + ["--part", "test", *common, "--test", str(tmp_path / "index/test.parquet"),
+                             "--held-out", str(tmp_path / "split/test.parquet"),
                              "--out-dir", str(tmp_path / f"predict_test/fold_{fold}"),
                              "--report", str(tmp_path / f"metrics/folds/predict_test_{fold}.json")],
     }
@@ -206,8 +207,7 @@ def test_one_split_keeps_the_single_model_layout(tmp_path):
     argv = fold_argv(args, tmp_path, 0)["predict"]
     argv = [a for a in argv if a not in ("--part", "labelled")]
     argv[argv.index("--out-dir") + 1] = str(tmp_path / "all")
-    argv += ["--test", str(tmp_path / "index/test.parquet")]
-    argv += ["--test", str(tmp_path / "index/test.parquet")]
+    argv += ["--test", str(tmp_path / "index/test.parquet"), "--held-out", str(tmp_path / "split/test.parquet")]
     assert load_stage("predict").main(argv) == 0
     assert {p.name for p in (tmp_path / "all").glob("*.parquet")} == {
         f"{s}{e}.parquet" for s in ("train", "val", "test") for e in ("", "_embeddings")}

@@ -270,3 +270,30 @@ def test_the_field_rule_finds_a_comment_through_a_subclass_and_a_continuation_li
     assert sections == {"Base", "Child"}
     assert found == ["vce/a.py:3: Base.seed: # described here",
                      "vce/b.py:4: Child.rate: # a continuation line"]
+
+
+# --- params.yaml in the form DVC writes --------------------------------------------------------------
+
+def test_params_yaml_is_already_in_the_form_dvc_exp_run_writes(tmp_path):
+    # `dvc exp run -S` rewrites the whole file through ruamel (dvc.utils.hydra.apply_overrides):
+    # kept in that form, a workspace experiment changes only the values it sets.
+    from dvc.utils.hydra import apply_overrides
+
+    copy = tmp_path / "params.yaml"
+    copy.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(str(copy), ["base.seed=42"])
+    assert copy.read_text() == (ROOT / "params.yaml").read_text()
+
+
+@pytest.mark.parametrize("override, line", [("events.median_window=5", "  median_window: 5 "),
+                                            ("data.test_root=null", "  test_root: ")])
+def test_an_override_changes_exactly_the_line_of_its_key(tmp_path, override, line):
+    from dvc.utils.hydra import apply_overrides
+
+    before = (ROOT / "params.yaml").read_text().splitlines()
+    copy = tmp_path / "params.yaml"
+    copy.write_text("\n".join(before) + "\n")
+    apply_overrides(str(copy), [override])
+    after = copy.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert len(changed) == 1 and changed[0][1].startswith(line), changed

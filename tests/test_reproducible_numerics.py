@@ -81,9 +81,12 @@ PROBE = textwrap.dedent("""
     @runner.stage
     def main(argv=None):
         import torch
+
+        import vce.model  # noqa: F401  (configures torch under exact numerics)
         from numpy._core._multiarray_umath import __cpu_features__ as features
         print(json.dumps({"aten": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                           "marker": os.environ.get("VCE_EXACT_CPU"), "numpy_v3": features.get("X86_V3", False),
+                          "onednn": torch.backends.mkldnn.enabled,
                           "argv": sys.argv[1:]}))
 
     main()
@@ -106,13 +109,13 @@ def probe(tmp_path: Path, exact_cpu, *extra: str) -> dict:
 
 def test_a_stage_reexecutes_with_baseline_kernels_and_one_thread(tmp_path):
     seen = probe(tmp_path, True, "--x", "a b")
-    assert seen == {"aten": "DEFAULT", "threads": 1, "marker": "1", "numpy_v3": False, "argv": [
+    assert seen == {"aten": "DEFAULT", "threads": 1, "marker": "1", "numpy_v3": False, "onednn": False, "argv": [
         "--params", str(tmp_path / "p.yaml"), "--x", "a b"]}
 
 
 def test_without_the_switch_a_stage_keeps_the_machines_kernels(tmp_path):
     seen = probe(tmp_path, False)
-    assert seen["marker"] is None and seen["threads"] == 2 and seen["aten"] != "DEFAULT"
+    assert seen["marker"] is None and seen["threads"] == 2 and seen["aten"] != "DEFAULT" and seen["onednn"]
 
 
 def test_only_true_switches_it_on_and_a_broken_params_file_is_left_to_the_stage(tmp_path):

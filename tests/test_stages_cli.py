@@ -16,7 +16,7 @@ from conftest import PREPARE, ROOT, load_stage, stage_args, tiny_params
 
 STAGES = sorted(p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__")
 
-# `python -m stages.<name> --help` for every stage, in one interpreter; torch checked after each.
+# `python -m stages.<name> --help` for every stage, in one interpreter; heavy imports checked after each.
 HELP_SCRIPT = """
 import contextlib, io, json, runpy, sys
 out = {}
@@ -27,7 +27,8 @@ for name in sys.argv[1:]:
             runpy.run_module("stages." + name, run_name="__main__", alter_sys=True)
         except SystemExit as exit:
             code = exit.code
-    out[name] = {"code": code, "torch": "torch" in sys.modules, "help": buf.getvalue()}
+    heavy = sorted({"torch", "numpy", "pandas", "pyarrow", "sklearn", "scipy"} & set(sys.modules))
+    out[name] = {"code": code, "heavy": heavy, "help": buf.getvalue()}
 print(json.dumps(out))
 """
 
@@ -41,9 +42,9 @@ def helps() -> dict:
 
 
 @pytest.mark.parametrize("name", STAGES)
-def test_help_exits_0_without_importing_torch(helps, name):
+def test_help_exits_0_without_importing_torch_numpy_pandas_pyarrow_sklearn_or_scipy(helps, name):
     assert helps[name]["code"] == 0
-    assert not helps[name]["torch"], f"stages.{name} imports torch before parsing its arguments"
+    assert not helps[name]["heavy"], f"stages.{name} imports {helps[name]['heavy']} before parsing its arguments"
 
 
 @pytest.mark.parametrize("name", STAGES)
@@ -59,8 +60,42 @@ def test_help_shows_every_option_with_its_default(helps, name):
 
 
 def test_train_help_names_the_state_dir_default(helps):
-    assert re.search(r"--state-dir STATE_DIR\s+resumable checkpoints \(default:\s+models/train_state\)",
+    assert re.search(r"--state-dir STATE_DIR\s+resumable checkpoints \(None:\s+models/train_state/fold_<fold>\)",
                      helps["train"]["help"])
+
+
+# --- what dvc.yaml runs is what a stage run by hand runs ------------------------------------------
+
+def dvc_stages() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("name", sorted(dvc_stages()))
+def test_dvc_yaml_passes_no_paths_so_the_defaults_are_what_the_pipeline_runs(name):
+    # Only selectors may follow the module (which fold, which part): every path is the stage's default.
+    words = dvc_stages()[name]["cmd"].split()
+    assert words[:2] == ["python", "-m"] and words[2].startswith("stages.")
+    flags = words[3::2]
+    assert set(flags) <= {"--fold", "--part"}, f"{name}: dvc.yaml passes {flags}"
+
+
+@pytest.mark.parametrize("fold", [0, 2])
+def test_a_folds_default_paths_are_the_outputs_dvc_yaml_declares_for_it(fold):
+    stages = dvc_stages()
+    train = load_stage("train").parse_args(["--fold", str(fold)])
+    labelled = load_stage("predict").parse_args(["--part", "labelled", "--fold", str(fold)])
+    test = load_stage("predict").parse_args(["--part", "test", "--fold", str(fold)])
+
+    def declared(stage: str) -> set[str]:
+        outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages[stage]["outs"]}
+        return {o.replace("${item.fold}", str(fold)) for o in outs}
+
+    assert {train.model_out, train.metrics, train.live_dir} == declared("train")
+    assert train.state_dir == f"models/train_state/fold_{fold}"
+    assert {labelled.out_dir, labelled.report} == declared("predict")
+    assert {test.out_dir, test.report} == declared("predict_test")
+    assert labelled.model == test.model == f"models/folds/{fold}/model.pt"
+    assert f"models/folds/{fold}/model.pt" in {d.replace("${item.fold}", str(fold)) for d in stages["predict"]["deps"]}
 
 
 # --- headline metrics ----------------------------------------------------------------------------
@@ -172,7 +207,7 @@ def test_events_warns_when_nothing_is_emitted(tmp_path, capsys, colon_threshold,
     argv = ["--params", str(tmp_path / "params.yaml"), "--thresholds", str(tmp_path / "thresholds.json"),
             "--val-probs", str(tmp_path / "val.parquet"), "--test-probs", str(tmp_path / "test.parquet"),
             "--frames", str(tmp_path / "frames.parquet"), "--test-frames", str(tmp_path / "test_frames.parquet"),
-            "--out-dir", str(tmp_path / "events")]
+            "--held-out", "", "--out-dir", str(tmp_path / "events")]
     assert load_stage("events").main(argv) == 0
     err = capsys.readouterr().err
     assert ("warning: val: no event at all in 1 video(s)" in err) is warned, err

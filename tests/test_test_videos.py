@@ -197,7 +197,7 @@ def score_inputs(tmp_path):
                 "--frame-metrics", str(tmp_path / "thresholds_metrics.json"),
                 "--gt-out", str(tmp_path / "out/val_gt.json"), "--metrics", str(tmp_path / "out/score.json"),
                 "--val-headline", str(tmp_path / "out/val.json"), "--test-headline", str(tmp_path / "out/test.json")]
-        code = load_stage("score").main(argv + (["--held-out", str(tmp_path / "held.parquet")] if held_out else []))
+        code = load_stage("score").main(argv + ["--held-out", str(tmp_path / "held.parquet") if held_out else ""])
         return code, tmp_path / "out"
 
     return run, root_gt, held_gt, submission
