@@ -14,7 +14,8 @@ from vce.core.params import from_dict, load_params
 from vce.model.frame_model import ModelParams
 from vce.train.trainer import TrainParams, check_learning_rates
 
-SEED = {"model.source": "hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224",
+SEED = {"base.exact_cpu": False,
+        "model.source": "hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224",
         "model.excitation_reduction": 16,
         "train.epochs": 5, "train.batch_size": 128, "train.lr_head": 3e-4, "train.lr_backbone": 9e-5,
         "train.samples_per_epoch": 500_000, "train.final_div_factor": 40.0}
