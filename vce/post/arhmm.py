@@ -210,7 +210,7 @@ def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
         for t in range(chunk, stop):
             w, i = int(running[t]), t - chunk
             np.add(history[i, :w, :, None], scores[i, :w], out=options[:w])
-            np.max(options[:w], axis=1, out=history[i + 1, :w])
+            np.maximum.reduce(options[:w], axis=1, out=history[i + 1, :w])  # np.max without its wrapper
         ends = np.minimum(np.repeat(lengths[:width // n_chains], n_chains), stop) - chunk  # each row's last step
         delta[:width] = history[ends, np.arange(width)]
         # The same sums for the whole chunk: their argmax is each step's back pointer.
