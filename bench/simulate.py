@@ -238,7 +238,28 @@ def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_par
     out["engine_policies"] = {label: {k: v for k, v in policy.to_dict().items() if k not in ("variants", "anchors", "length_priors")}
                               for label, policy in engine.policies.items()}
     out["engine_per_label"] = decomposition(gt_test, engine_sub)
+    oracle = decomposition(gt_test, oracle_runs(gt_test, ANATOMY))
+    out["oracle_anatomy_gap_per_label"] = oracle_gaps(out["engine_per_label"], oracle)
+    out["engine_by_group"] = by_group(out["engine_per_label"], out["oracle_anatomy_gap_per_label"])
     return out
+
+
+def oracle_gaps(engine: dict, oracle: dict) -> dict:
+    """Per label and threshold: the oracle's mean AP minus the engine's (both `decomposition`s):
+    what a decoder that emits the exact anatomy runs (findings silent) earns over it."""
+    return {label: {f"gap@{t}": round(sum(oracle[label][f"{part}@{t}"] - engine[label][f"{part}@{t}"]
+                                          for part in ("silence", "present")), 4) for t in (0.5, 0.95)}
+            for label in engine}
+
+
+def by_group(engine: dict, gaps: dict) -> dict:
+    """Regions, landmarks and findings: the engine's silence credit, its AP earned on present
+    videos and the anatomy oracle's gap, each summed over the group's labels (mAP points x 17)."""
+    groups = {"regions": REGIONS, "landmarks": [label for label in ANATOMY if label not in REGIONS],
+              "findings": [label for label in LABELS if label not in ANATOMY]}
+    return {name: {f"{part}@{t}": round(sum((gaps if part == "gap" else engine)[label][f"{part}@{t}"] for label in labels), 4)
+                   for t in (0.5, 0.95) for part in ("silence", "present", "gap")}
+            for name, labels in groups.items()}
 
 
 if __name__ == "__main__":

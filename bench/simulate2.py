@@ -147,7 +147,8 @@ def simulate_probs2(frame_labels: pd.DataFrame, rng, args) -> tuple[pd.DataFrame
     return out, {"videos": as_scored}
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The simulator's command line (its error model's knobs and the protocol's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rho", type=float, default=0.8, help="AR(1) correlation of consecutive frames' noise")
@@ -161,7 +162,16 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--videos", type=int, default=0, help="use a random subset of this many videos (0: all 80)")
     parser.add_argument("--with-classic", action="store_true", help="also the tune_on_map variants (minutes)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def defaults():
+    """The error model's default knobs (`bench.engine_speed`)."""
+    return parser().parse_args([])
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     began = time.perf_counter()
     gt, frame_labels, rng, event_params, threshold_params = setup(args)
     frame_probs, as_scored = simulate_probs2(frame_labels, rng, args)

@@ -17,6 +17,7 @@ from vce.post.arhmm import (
     ar_run_strength,
     ar_runs,
     chain_path,
+    chain_paths,
     chain_posterior,
     fit_ar_model,
     fit_phases,
@@ -64,6 +65,23 @@ def test_the_chain_path_is_the_frame_by_frame_viterbi_path_of_every_video(monkey
             np.testing.assert_array_equal(chain_path(emission, log_trans, on, first, last),
                                           _viterbi_loop(emission, log_trans, on, first, last))
     assert chain_path(np.zeros((4, 3)), np.zeros((2, 2)), np.array([False, True]), [], []).tolist() == [0, 0, 0]
+
+
+def test_chains_of_different_phase_counts_decoded_together_each_get_their_own_viterbi_path(monkeypatch):
+    """`chain_paths` pads the smaller chains: each path is the frame-by-frame Viterbi of its chain alone."""
+    monkeypatch.setattr(arhmm, "CHUNK", 3)  # several chunks, and the rows of ended videos inside one
+    rng = np.random.default_rng(7)
+    length = 400
+    first, last = np.array([0, 50, 57, 300]), np.array([49, 56, 299, 399])
+    chains, emissions = [], []
+    for n_states in (2, 5, 3):
+        chains.append((rng.normal(size=(n_states, n_states)), np.arange(n_states) >= n_states // 2))
+        emissions.append(rng.normal(size=(4, length)) * 3)
+    paths = chain_paths(emissions, chains, first, last)
+    for path, emission, (log_trans, on) in zip(paths, emissions, chains):
+        np.testing.assert_array_equal(path, _viterbi_loop(emission, log_trans, on, first, last))
+        np.testing.assert_array_equal(path, chain_path(emission, log_trans, on, first, last))
+    assert chain_paths([], [], first, last) == []
 
 
 def _posterior_by_enumeration(emission, log_trans, on, first, last):

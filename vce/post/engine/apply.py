@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
-from vce.post.arhmm import ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.arhmm import ar_decode_all, ar_posterior_runs, ar_run_strength, ar_runs
 from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import (
     Candidates,
@@ -131,6 +131,8 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
     """(gated candidates of every emitted finding and landmark, the times their events cut the
     regions at, the times the runs of labels left silent cut them at (`shadow_cuts`))."""
     out = {}
+    ar_decode_all(timeline, [(LABEL_INDEX[label], spec.ar_model, spec.ar_bias) for label, spec in _run_specs(engine)
+                             if spec.detector == "ar"])  # every decoding at once, then read from the cache
     for label in LABELS:
         policy = engine.policies[label]
         if isinstance(policy, RunsPolicy):

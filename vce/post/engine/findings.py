@@ -17,7 +17,7 @@ import pandas as pd
 
 from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, REGIONS
 from vce.post.anatomy import clipped_logits
-from vce.post.arhmm import ar_run_strength, ar_runs, fit_ar_model
+from vce.post.arhmm import ar_decode_all, ar_run_strength, ar_runs, fit_ar_model
 from vce.post.engine.candidates import (
     anchored_candidates,
     hysteresis_runs,
@@ -68,19 +68,39 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
     every tuning video holds, weighed against the absent videos its presence rate says it will
     meet (`presence_weighting`, `rates`: `presence_rates` over every labelled video)."""
     margin = params.min_gain_sqrt_videos * np.sqrt(len(timeline.video_ids))
-    return {label: _label_policy(timeline, objective, params, path, gt, labels, label, (rates or {}).get(label), margin)
+    models = ar_models(timeline, params, labels)
+    return {label: _label_policy(timeline, objective, params, path, gt, labels, label, (rates or {}).get(label), margin,
+                                 models.get(LABEL_INDEX[label]))
             for label in LABELS if label not in REGIONS}
 
 
+def ar_models(timeline, params: EngineParams, labels: np.ndarray) -> dict:
+    """Label index -> the autoregressive model (`fit_ar_model`, on the tuning frames' `labels`)
+    of every finding and landmark that separates by `ar_min_separation` at least (`ar_runs`);
+    their decodings at each switch bias done together (`ar_decode_all`) and cached on `timeline`."""
+    if not params.ar_runs:
+        return {}
+    models = {}
+    for label in LABELS:
+        if label in REGIONS:
+            continue
+        k = LABEL_INDEX[label]
+        model = fit_ar_model(clipped_logits(timeline.probs[k]), labels[k], params.ar_off_phases, params.ar_on_phases)
+        if model is not None and model["separation"] >= params.ar_min_separation:
+            models[k] = model
+    ar_decode_all(timeline, [(k, model, float(bias)) for k, model in models.items() for bias in params.ar_biases])
+    return models
+
+
 def _label_policy(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                  labels: np.ndarray, label: str, rate: float | None, margin: float) -> Policy:
-    """One label's policy (`phase_labels`), with its tuning AP per video and, when it is off,
+                  labels: np.ndarray, label: str, rate: float | None, margin: float, model: dict | None) -> Policy:
+    """One label's policy (`phase_labels`; `model`: its `ar_models` entry), with its tuning AP per video and, when it is off,
     the shadow of its best runs (`shadow_cuts`: they still cut the regions)."""
     silent = objective.silent(label)
     weight, unseen = presence_weighting(objective.present[label], rate)
     best = (weight * float(silent.sum()) + unseen + margin, OffPolicy())  # beat silence by the margin
     best_runs = None  # the best runs even if they lose to silence
-    for value, policy in _runs_policies(timeline, objective, params, path, gt, labels[LABEL_INDEX[label]], label):
+    for value, policy in _runs_policies(timeline, objective, params, path, gt, model, label):
         value *= weight
         if value > best[0] + 1e-12:
             best = (value, policy)
@@ -100,15 +120,15 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
 
 
 def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                   truth: np.ndarray, label: str):
+                   model: dict | None, label: str):
     """(summed tuning AP, runs policy) of every run decoding and minimum length tried for
-    `label` (`truth`: its `label_truth` row), each with its best presence gate."""
+    `label` (`model`: its autoregressive model, `ar_models`), each with its best presence gate."""
     k = LABEL_INDEX[label]
     silent = objective.silent(label)
     regions = learn_compatibility(gt, label, params.compatibility_min_share) \
         if params.compatibility and label not in LANDMARKS else None
     shares = region_shares(gt, label)  # the region context of its presence evidence
-    for spec, runs, strength in _decodings(timeline, k, params, truth):
+    for spec, runs, strength in _decodings(timeline, k, params, model):
         for min_length in params.min_lengths:
             candidates = run_candidates(timeline, k, spec["threshold"], spec["median_window"], min_length,
                                         params.top_k, runs, path=path, regions=regions, shares=shares,
@@ -123,11 +143,11 @@ def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, pa
                                     **extra)
 
 
-def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
+def _decodings(timeline, k: int, params: EngineParams, model: dict | None):
     """(run spec, (starts, ends), strength or None) of every run decoding tried for label k: the
-    threshold grid, then (`ar_runs`) the autoregressive HMM at each switch bias when its model,
-    fitted on the tuning frames' `truth`, separates the label by `ar_min_separation` at least
-    (its runs ranked by `ar_run_strength`). Its spec carries `ar_levels`, but the choice and
+    threshold grid, then (`model`, its `ar_models` entry: fitted on the tuning frames, separating
+    the label by `ar_min_separation` at least) the autoregressive HMM at each switch bias (its
+    runs ranked by `ar_run_strength`). Its spec carries `ar_levels`, but the choice and
     the gate read the decoded runs alone: the posterior runs are appended where it is emitted
     (`vce.post.engine.apply`)."""
     for threshold in params.thresholds:
@@ -136,10 +156,7 @@ def _decodings(timeline, k: int, params: EngineParams, truth: np.ndarray):
                 spec = {"detector": "threshold", "threshold": float(threshold), "ratio": float(ratio),
                         "median_window": int(window)}
                 yield spec, hysteresis_runs(timeline, k, threshold, ratio, window), None
-    if not params.ar_runs:
-        return
-    model = fit_ar_model(clipped_logits(timeline.probs[k]), truth, params.ar_off_phases, params.ar_on_phases)
-    if model is None or model["separation"] < params.ar_min_separation:
+    if not params.ar_runs or model is None:
         return
     for bias in params.ar_biases:
         spec = {"detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1, "ar_model": model,

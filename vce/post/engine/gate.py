@@ -10,6 +10,8 @@ its runs, or `joint`: a logistic model over all of them (`fit_presence_model`).
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from vce.core.errors import DataError
@@ -123,7 +125,25 @@ def presence_inputs(features: dict) -> np.ndarray:
     return out
 
 
+# Fits of `_fit_weighted_logistic` by their exact inputs: the grid's decodings of a label often
+# give the same video-level features (a minimum length or a window that drops no run), and a
+# fold's model is then fitted again on the same rows. Keyed by a digest; bounded (a few hundred bytes a fit).
+_FITS: dict = {}
+MAX_CACHED_FITS = 100_000
+
+
 def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
+    """`_fit_logistic`, once per exact (x, gain): the cache returns the same fit (a copy)."""
+    x, gain = np.ascontiguousarray(x, np.float64), np.ascontiguousarray(gain, np.float64)
+    key = (x.shape, hashlib.blake2b(x.tobytes() + gain.tobytes(), digest_size=20).digest())
+    if key not in _FITS:
+        if len(_FITS) >= MAX_CACHED_FITS:
+            _FITS.clear()
+        _FITS[key] = _fit_logistic(x, gain)
+    return {name: list(value) if isinstance(value, list) else value for name, value in _FITS[key].items()}
+
+
+def _fit_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
     mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
     # Newton-Cholesky, not lbfgs under a thread limit: on a few dozen videos and 6 features the
     # fit's overheads are its cost, and the engine fits this model often (docs/engine.md).

@@ -1,0 +1,126 @@
+"""The engine's fitted values and events, held to a golden record made before the speed work.
+
+Speed changes to `vce.post.engine` and `vce.post.arhmm` must not move any result: on small
+simulated cases (`bench.simulate`'s and `bench.simulate2`'s error models on 8 real Galar
+timelines) the fitted engine (its JSON, floats to 10 significant digits: BLAS may move the last
+bits between machines) and every event of its submission and clinical list (exactly) are
+those recorded in `tests/golden/engine_golden.json`; and the demo's fitted engine
+(`tests/golden/demo_engine.json`, a copy of `models/thresholds.json` `engine` of 2026-12-02)
+applies to the same probabilities as it did, so the demo's events do not move either.
+
+Regenerate (only when a result is meant to change, and say why in the commit):
+    python tests/test_engine_golden.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.simulate import (  # noqa: E402
+    FIXTURE,
+    frame_labels_from_events,  # noqa: E402
+    restrict,
+    simulate_probs,
+)
+from bench.simulate2 import defaults, simulate_probs2  # noqa: E402
+from vce.core.params import load_section  # noqa: E402
+from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline  # noqa: E402
+from vce.post.thresholds import ThresholdParams  # noqa: E402
+
+GOLDEN = ROOT / "tests" / "golden" / "engine_golden.json"
+DEMO_ENGINE = ROOT / "tests" / "golden" / "demo_engine.json"
+N_VIDEOS, N_FIT = 8, 5
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f"{value:.10g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _kind(policy) -> str:
+    """A policy's kind, with its detector for runs ("runs/ar", "runs/threshold")."""
+    data = policy.to_dict()
+    return f"{data['kind']}/{data['detector']}" if data["kind"] == "runs" else data["kind"]
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _case_probs(sim: int):
+    """(ground truth of the 8 videos, their frame probabilities, the ids the engine is fitted on)."""
+    gt = json.loads(FIXTURE.read_text())
+    rng = np.random.default_rng(0)
+    ids = sorted(rng.permutation([v["video_id"] for v in gt["videos"]])[:N_VIDEOS].tolist())
+    gt = restrict(gt, set(ids))
+    frame_labels = frame_labels_from_events(gt)
+    if sim == 1:
+        probs = simulate_probs(frame_labels, 0.9, rng)
+    else:
+        probs, _ = simulate_probs2(frame_labels, rng, defaults())
+    return gt, probs, set(ids[:N_FIT])
+
+
+def _record(engine: Engine, probs) -> dict:
+    submission, clinical = engine_submission(probs, engine)
+    return {"kinds": {label: _kind(policy) for label, policy in engine.policies.items()},
+            "engine": _digest(_rounded(engine.to_dict())),
+            "events": sum(len(v["events"]) for v in submission["videos"]),
+            "submission": _digest(submission), "clinical": _digest(clinical)}
+
+
+def compute() -> dict:
+    """Every case's record (`_record`): what the golden file holds."""
+    params = load_section(ROOT / "params.yaml", "thresholds", ThresholdParams).engine
+    out = {}
+    for sim in (1, 2):
+        gt, probs, fit_ids = _case_probs(sim)
+        fit_probs = probs[probs["video_id"].isin(fit_ids)]
+        engine = fit_engine(tuning_timeline(fit_probs, params), restrict(gt, fit_ids), params)
+        out[f"sim{sim}"] = _record(engine, probs)
+        if sim == 1:
+            demo = Engine.from_dict(json.loads(DEMO_ENGINE.read_text()))
+            out["demo_engine_on_sim1"] = _record(demo, probs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def records():
+    return compute()
+
+
+@pytest.mark.parametrize("case", ["sim1", "sim2", "demo_engine_on_sim1"])
+def test_engine_and_events_match_the_golden_record(records, case):
+    golden = json.loads(GOLDEN.read_text())[case]
+    assert records[case]["kinds"] == golden["kinds"]
+    assert records[case]["events"] == golden["events"]
+    assert records[case] == golden
+
+
+def test_the_golden_cases_exercise_the_autoregressive_decoder():
+    """A golden record that never decodes with the AR(1) HMM would not hold its speed-ups."""
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["sim1"]["kinds"]["blood"] == "runs/ar"
+    assert any(kind == "runs/threshold" for kind in golden["demo_engine_on_sim1"]["kinds"].values())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="write the golden record")
+    parser.add_argument("--write", action="store_true")
+    if parser.parse_args().write:
+        GOLDEN.write_text(json.dumps(compute(), indent=1) + "\n")
