@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from vce.core import runner
-from vce.core.contracts import all_test_frames, probs_file, read_index
+from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import check_labels
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     test_frames = all_test_frames(read_index(args.test_frames), read_index(args.held_out) if args.held_out else None)
     for name, probs_path, frames in (("val", val_probs, read_index(args.frames)),
                                      ("submission", test_probs, test_frames)):
-        probs, _ = join_probs(read_index(probs_path), frames)
+        probs, _ = join_probs(read_probs(probs_path), frames)
         if engine is not None:  # metric-optimal submission and the clean clinical list
             submission, clinical = engine_submission(probs, engine)
         else:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from vce.core import runner
-from vce.core.contracts import probs_file, read_index
+from vce.core.contracts import probs_file, read_index, read_probs
 from vce.core.errors import DataError
 from vce.core.io import write_json
 from vce.core.labels import LABELS
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     seed = from_dict(BaseParams, params["base"], "base").seed
     frames = read_index(args.frames)
     probs_path = args.probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
-    probs, labels = join_probs(read_index(probs_path), frames)
+    probs, labels = join_probs(read_probs(probs_path), frames)
     if len(probs) == 0:
         raise DataError(f"{probs_path} has no frames (post.probs: {source})")
     if labels is None:

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vce.core.contracts import probs_schema
+from vce.core.contracts import probs_schema, read_probs
 from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS, NUM_LABELS
@@ -67,7 +67,7 @@ def mean_ap(aps: dict[str, float | None]) -> float | None:
 
 
 def _probs_and_labels(path: Path, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    probs = pd.read_parquet(path, columns=["video_id", "frame", *LABELS])
+    probs = read_probs(path)[["video_id", "frame", *LABELS]]
     truth = frames[["video_id", "frame", *LABELS]].rename(columns={label: f"true:{label}" for label in LABELS})
     joined = match_frames(probs, truth, f"probability row(s) of {path} are not in the labelled frame index")
     return (joined[list(LABELS)].to_numpy(np.float32),
