@@ -28,6 +28,7 @@ from vce.core.params import PostParams, from_dict, load_params
 from vce.eval.score import check_submission
 from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission, write_xlsx
+from vce.post.thresholds import check_engine_thresholds
 from vce.post.timeline import join_probs
 
 
@@ -58,6 +59,7 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")
     check_labels(thresholds, path)
+    check_engine_thresholds(saved, path)
     for label, value in thresholds.items():
         # Above 1 means "never fires" (labels without validation positives); NaN fails `>=`.
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:

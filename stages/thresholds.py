@@ -22,7 +22,7 @@ from vce.core.params import BaseParams, PostParams, from_dict, load_params
 from vce.eval.frame_metrics import frame_metrics
 from vce.post.engine import fit_engine, presence_rates, tuning_timeline
 from vce.post.events import EventParams, labels_to_submission
-from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+from vce.post.thresholds import ThresholdParams, f1_thresholds, thresholds_checksum, tune_on_map
 from vce.post.timeline import join_probs, labels_on_time
 
 
@@ -72,8 +72,10 @@ def main(argv=None) -> int:
         fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
         engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)
+    # Under the engine the thresholds are a report: their checksum refuses a hand edit (check_engine_thresholds).
+    checksum = {"thresholds_sha256": thresholds_checksum(thresholds)} if engine else {}
     write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events,
-                          "engine": engine})
+                          "engine": engine, **checksum})
     write_json(args.metrics, {
         "method": threshold_params.method,
         "probs": source,

@@ -53,9 +53,13 @@ def write_tables(folder: Path, videos=("v1", "v2"), n: int = 40, test_videos=("t
 
 
 def write_thresholds(folder: Path, engine: dict | None = None) -> Path:
+    from vce.post.thresholds import thresholds_checksum
+
     path = folder / "thresholds.json"
-    path.write_text(json.dumps({"method": "engine" if engine else "f1", "probs": "frame",
-                                "thresholds": {label: 0.5 for label in LABELS}, "events": None, "engine": engine}))
+    thresholds = {label: 0.5 for label in LABELS}
+    checksum = {"thresholds_sha256": thresholds_checksum(thresholds)} if engine else {}
+    path.write_text(json.dumps({"method": "engine" if engine else "f1", "probs": "frame", "thresholds": thresholds,
+                                "events": None, "engine": engine, **checksum}))
     return path
 
 
@@ -303,3 +307,48 @@ def test_monotone_path_without_a_finite_score_is_an_error_not_a_recursion():
 
     with pytest.raises(DataError, match="no path has a finite score"):
         monotone_path(np.full((4, 5), np.nan), 0.3, min_durations=[2] * 5)
+
+
+# ----------------------------------------------------------------------------- thresholds under the engine
+
+@pytest.mark.parametrize("edit", ["edited", "no_checksum"])
+def test_under_the_engine_an_edited_threshold_is_refused_naming_the_file(tmp_path, capsys, edit):
+    """The engine ignores the per-label thresholds: a hand edit used to change nothing, silently.
+    Mutation killed: not checking the stored checksum (or not writing it)."""
+    write_tables(tmp_path)
+    path = write_thresholds(tmp_path, _engine_json())
+    assert load_stage("events").main(events_args(tmp_path)) == 0
+    saved = json.loads(path.read_text())
+    if edit == "edited":
+        saved["thresholds"]["blood"] = 0.2
+    else:
+        del saved["thresholds_sha256"]
+    path.write_text(json.dumps(saved))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "events").iterdir()}
+    assert load_stage("events").main(events_args(tmp_path)) == 2
+    one_line_error(capsys, str(path), "edited" if edit == "edited" else "thresholds_sha256")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "events").iterdir()} == before
+
+
+def test_the_thresholds_stage_writes_the_checksum_only_under_the_engine(tmp_path):
+    import yaml
+
+    from vce.post.thresholds import thresholds_checksum
+
+    write_tables(tmp_path)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["post"]["probs"] = "frame"
+    params["thresholds"]["method"] = "f1"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(tmp_path / "params.yaml"), "--probs", str(tmp_path / "val.parquet"),
+            "--frames", str(tmp_path / "frames.parquet"), "--out", str(tmp_path / "out.json"),
+            "--metrics", str(tmp_path / "m.json")]
+    assert load_stage("thresholds").main(args) == 0
+    assert "thresholds_sha256" not in json.loads((tmp_path / "out.json").read_text())
+    from vce.core.errors import DataError
+    from vce.post.thresholds import check_engine_thresholds
+
+    saved = {"thresholds": {"a": 0.5}, "engine": {"coef": []}}
+    with pytest.raises(DataError, match="thresholds_sha256"):
+        check_engine_thresholds(saved, "t.json")
+    check_engine_thresholds({**saved, "thresholds_sha256": thresholds_checksum({"a": 0.5})}, "t.json")

@@ -44,7 +44,7 @@ from vce.model import checkpoint
 from vce.model.device import resolve_device
 from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission
-from vce.post.thresholds import ThresholdParams
+from vce.post.thresholds import ThresholdParams, check_engine_thresholds
 from vce.post.timeline import event_time, join_probs
 from vce.viewer.build import ViewerSet, write_viewer
 
@@ -91,6 +91,7 @@ def load_tuned(path: Path) -> tuple[dict, dict | None, str, Engine | None]:
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping (run the thresholds stage)")
     check_labels(thresholds, str(path))
+    check_engine_thresholds(saved, path)
     engine = Engine.from_dict(saved["engine"], f"{path}:engine") if saved.get("engine") else None
     return thresholds, saved.get("events"), saved.get("probs", "frame"), engine
 
