@@ -55,6 +55,8 @@ def load_thresholds(path: str) -> tuple[dict, dict | None]:
         raise FileNotFoundError(f"thresholds file not found: {path} (run the thresholds stage)") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply") from None
     thresholds = saved.get("thresholds") if isinstance(saved, dict) else None
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")

@@ -352,3 +352,15 @@ def test_the_thresholds_stage_writes_the_checksum_only_under_the_engine(tmp_path
     with pytest.raises(DataError, match="thresholds_sha256"):
         check_engine_thresholds(saved, "t.json")
     check_engine_thresholds({**saved, "thresholds_sha256": thresholds_checksum({"a": 0.5})}, "t.json")
+
+
+def test_a_stage_whose_stdout_reader_stops_finishes_its_outputs_quietly(tmp_path):
+    """The runner's stdout survives `| head`: the summary line is lost, the outputs are not."""
+    write_tables(tmp_path)
+    write_thresholds(tmp_path)
+    process = subprocess.Popen([sys.executable, "-m", "stages.events", *events_args(tmp_path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=300) == 0 and "Traceback" not in err and "Broken pipe" not in err, err
+    assert json.loads((tmp_path / "events" / "submission.json").read_text())["videos"]

@@ -76,6 +76,8 @@ def read_json(path, what: str):
         raise FileNotFoundError(f"{what}: file not found: {path}") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{what}: {path} is not valid JSON ({err})") from None
+    except RecursionError:  # json recurses once per nesting level
+        raise DataError(f"{what}: {path} is JSON nested too deeply") from None
 
 
 def json_text(obj, indent: int | None = 2) -> str:

@@ -14,7 +14,9 @@ traceback (Python exits 1).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable
 
@@ -26,10 +28,53 @@ USER_ERRORS = (VCEError, OSError)
 def run(main: Callable[[], int | None]) -> int:
     """Call `main`; on a user error print `error: <message>` to stderr and return 2."""
     try:
-        return main() or 0
+        with pipe_safe_stdout():
+            return main() or 0
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+class _PipeSafe:
+    """stdout that a reader may stop reading (`| head`): the first BrokenPipeError points the
+    descriptor at /dev/null and the program goes on quietly. What a stage prints is a summary;
+    its outputs are files, and a closed pipe must not leave them unwritten."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # also what the interpreter flushes at exit
+        os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def pipe_safe_stdout():
+    """Within: `print` to a closed pipe is silent (`_PipeSafe`); stdout is restored after."""
+    stream = sys.stdout
+    sys.stdout = _PipeSafe(stream)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stream
 
 
 def stage(main: Callable[..., int | None]) -> Callable[..., int]:
