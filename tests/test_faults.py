@@ -364,3 +364,143 @@ def test_a_stage_whose_stdout_reader_stops_finishes_its_outputs_quietly(tmp_path
     err = process.stderr.read()
     assert process.wait(timeout=300) == 0 and "Traceback" not in err and "Broken pipe" not in err, err
     assert json.loads((tmp_path / "events" / "submission.json").read_text())["videos"]
+
+
+# ----------------------------------------------------------------------------- full disk at every write
+
+def _snapshot(*folders: Path) -> dict:
+    """Every file under `folders` (temporaries included) → its bytes."""
+    return {str(p): p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _disk_full_at(monkeypatch, k: int) -> dict:
+    """Fake ENOSPC at the k-th output completed through `vce.core.io` (k = 0: never); counts them."""
+    import errno
+
+    from vce.core import io
+
+    calls = {"n": 0}
+    real = io._complete
+
+    def complete(tmp, path):
+        calls["n"] += 1
+        if calls["n"] == k:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tmp, path)
+
+    monkeypatch.setattr(io, "_complete", complete)
+    return calls
+
+
+def check_all_or_nothing(monkeypatch, capsys, run, change, folders: list[Path]) -> int:
+    """Run once; change the inputs; then with a full disk at each write k = 1..n the stage exits 2
+    with one line naming an output and no traceback, and the first run's files survive byte for
+    byte (no temporary left); without the fault the changed inputs do change the outputs.
+    Mutations killed: publishing each file as it is written (a half-updated set), removing no
+    temporary, a disk-full error that names no file."""
+    calls = _disk_full_at(monkeypatch, 0)
+    assert run() == 0
+    writes = calls["n"]
+    assert writes >= 2
+    capsys.readouterr()
+    before = _snapshot(*folders)
+    change()
+    for k in range(1, writes + 1):
+        _disk_full_at(monkeypatch, k)
+        assert run() == 2, f"write {k} of {writes}"
+        line = one_line_error(capsys, "No space left on device", "cannot write ")
+        assert str(folders[0].parent) in line, line
+        assert _snapshot(*folders) == before, f"a full disk at write {k} of {writes} changed the outputs"
+    calls = _disk_full_at(monkeypatch, 0)
+    assert run() == 0 and calls["n"] == writes
+    assert _snapshot(*folders) != before, "the change must show in the outputs, or the test proves nothing"
+    return writes
+
+
+def test_events_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypatch, capsys):
+    write_tables(tmp_path)
+    write_thresholds(tmp_path)
+
+    def change():
+        test = pd.read_parquet(tmp_path / "test.parquet")
+        test.loc[test["frame"].between(5, 15), "blood"] = np.float32(0.95)
+        write_probs(tmp_path / "test.parquet", test)
+
+    writes = check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("events").main(events_args(tmp_path)),
+                                  change, [tmp_path / "events"])
+    assert writes == 6  # val and submission: .json, clinical .json, .xlsx
+
+
+def test_thresholds_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    write_tables(tmp_path)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["post"]["probs"] = "frame"
+    params["thresholds"]["method"] = "f1"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "out").mkdir()
+    args = ["--params", str(tmp_path / "params.yaml"), "--probs", str(tmp_path / "val.parquet"),
+            "--frames", str(tmp_path / "frames.parquet"), "--out", str(tmp_path / "out/thresholds.json"),
+            "--metrics", str(tmp_path / "out/metrics.json")]
+    change = lambda: _edit_val(tmp_path, lambda p: p.assign(  # noqa: E731
+        blood=np.where(p.index % 7 == 0, np.maximum(p["blood"], 0.5), p["blood"]).astype(np.float32)))  # a new threshold
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("thresholds").main(args), change,
+                                [tmp_path / "out"]) == 2
+
+
+def test_index_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypatch, capsys):
+    import yaml
+    from conftest import tiny_params
+
+    params = tiny_params(tmp_path)
+    params["demo"].update(n_videos=2, frames_per_video=100, n_test_videos=1, test_frames_per_video=100, image_size=16)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert load_stage("demo_data").main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "demo")]) == 0
+    (tmp_path / "index").mkdir()
+    args = ["--params", str(tmp_path / "params.yaml"), "--frames-out", str(tmp_path / "index/frames.parquet"),
+            "--test-out", str(tmp_path / "index/test.parquet"), "--report", str(tmp_path / "index/report.json")]
+    change = lambda: next((tmp_path / "demo" / "test").rglob("*.png")).unlink()  # noqa: E731
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("index").main(args), change,
+                                [tmp_path / "index"]) == 3
+
+
+def test_predict_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypatch, capsys, one_thread):
+    import cv2
+    import torch
+
+    from vce.model import checkpoint
+
+    model, params = _tiny_model()
+    checkpoint.save_model(tmp_path / "model.pt", model, train_videos=["a"])
+    for folder, video in (("galar", "b"), ("test", "t")):
+        (tmp_path / folder / video).mkdir(parents=True)
+        for i in range(3):
+            cv2.imwrite(str(tmp_path / folder / video / f"{i}.png"), np.full((16, 16, 3), 60 * i, np.uint8))
+    frames = pd.DataFrame({"video_id": "b", "frame": np.arange(3, dtype=np.int64), "index": np.arange(3),
+                           "path": [f"b/{i}.png" for i in range(3)], "event_unit": "index", "capsule": "",
+                           "split": "val", "fold": 0, **{label: np.uint8(0) for label in LABELS}})
+    frames.to_parquet(tmp_path / "split.parquet", index=False)
+    frames.assign(video_id="t", path=[f"t/{i}.png" for i in range(3)], event_unit="frame")[
+        ["video_id", "frame", "index", "path", "event_unit", "capsule"]].to_parquet(tmp_path / "test.parquet",
+                                                                                   index=False)
+    params["data"].update(root=str(tmp_path / "galar"), test_root=str(tmp_path / "test"))
+    params["split"]["folds"] = [0]
+    params["predict"].update(num_workers=0, batch_size=2, bf16=False, embeddings=True, splits=["val"])
+    (tmp_path / "params.yaml").write_text(json.dumps(params))
+    (tmp_path / "out").mkdir()
+    args = ["--params", str(tmp_path / "params.yaml"), "--part", "all", "--model", str(tmp_path / "model.pt"),
+            "--frames", str(tmp_path / "split.parquet"), "--test", str(tmp_path / "test.parquet"),
+            "--cache", str(tmp_path / "no_cache"), "--out-dir", str(tmp_path / "out/predict"),
+            "--report", str(tmp_path / "out/predict.json")]
+
+    def change():
+        other, _ = _tiny_model()
+        with torch.no_grad():
+            for weight in other.parameters():
+                weight.mul_(0.5)
+        checkpoint.save_model(tmp_path / "model.pt", other, train_videos=["a"])
+
+    # val and test probabilities and embeddings, coverage.json, the report
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("predict").main(args), change,
+                                [tmp_path / "out"]) == 6

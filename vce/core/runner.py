@@ -6,6 +6,10 @@
     if __name__ == "__main__":
         sys.exit(main())
 
+Every file a stage writes through `vce.core.io` (atomic_path, write_json, …) is one output set
+(`output_set`): renamed over the old files only when `main` returns, so a failure anywhere (a
+bad input found late, a full disk at the last file) leaves the previous run's set whole.
+
 A user error is the project's own `VCEError` (bad params, bad data, a missing input) or an
 OSError from the file system (file not found, permission denied, disk full): the message names
 the key or file, so a traceback would add nothing. Anything else is a bug and keeps its full
@@ -21,6 +25,7 @@ import sys
 from collections.abc import Callable
 
 from vce.core.errors import VCEError
+from vce.core.io import output_set
 
 USER_ERRORS = (VCEError, OSError)
 
@@ -28,7 +33,7 @@ USER_ERRORS = (VCEError, OSError)
 def run(main: Callable[[], int | None]) -> int:
     """Call `main`; on a user error print `error: <message>` to stderr and return 2."""
     try:
-        with pipe_safe_stdout():
+        with pipe_safe_stdout(), output_set():  # the stage's outputs: all renamed at the end, or none
             return main() or 0
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)

@@ -31,7 +31,7 @@ import pandas as pd
 from vce.core import runner
 from vce.core.contracts import read_index, temporal_probs
 from vce.core.errors import DataError
-from vce.core.io import write_json
+from vce.core.io import outside_output_set, write_json
 from vce.core.labels import LABELS, check_labels
 from vce.core.params import from_dict, load_params
 from vce.data.frame_files import IndexReport
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     folder = Path(args.exam)
     frames = exam_frames(folder, data)
     device = resolve_device(predict_params.device)
-    with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp, outside_output_set():  # read back below
         tmp = Path(tmp)
         probs_paths, emb_paths = [], []
         for i, path in enumerate(models):
