@@ -504,3 +504,13 @@ def test_predict_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypa
     # val and test probabilities and embeddings, coverage.json, the report
     assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("predict").main(args), change,
                                 [tmp_path / "out"]) == 6
+
+
+def test_a_temporal_model_file_of_another_version_is_one_line_naming_it(tmp_path):
+    from vce.core.errors import DataError
+    from vce.infer.temporal import load_temporal
+    from vce.model import checkpoint
+
+    checkpoint.save(tmp_path / "temporal.pt", {"enabled": True, "embed_dim": 8, "params": {}, "state_dict": {}})
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'temporal.pt'}: not a temporal model this version loads"):
+        load_temporal(tmp_path / "temporal.pt")

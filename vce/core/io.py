@@ -37,8 +37,9 @@ def _temporary_beside(path: Path) -> Path:
 def _complete(tmp: Path, path: Path) -> None:
     """Make a written temporary durable before anything is renamed: fsync, where a full disk
     that the writes themselves did not report (delayed allocation) shows up. The one step every
-    output passes once (tests fake a full disk at its k-th call)."""
-    if tmp.is_file():
+    output passes once (tests fake a full disk at its k-th call). Outside an output set (training
+    state, the viewer's thousands of thumbnails) the file is scratch and skips the fsync."""
+    if tmp.is_file() and _PENDING.get() is not None:
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

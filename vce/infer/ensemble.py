@@ -182,7 +182,9 @@ def gather_oof(frames: pd.DataFrame, fold_dirs: dict[int, Path], out_dir: Path, 
             raise DataError(f"out-of-fold file(s) missing: {absent} (predict.embeddings: {embeddings})")
         concat_parquet(sources, out_dir / f"val{suffix}.parquet")
         if n_folds > 1:
-            concat_parquet([out_dir / f"val{suffix}.parquet"], out_dir / f"train{suffix}.parquet")
+            # From the sources, not the val file above: that is renamed only with the stage's whole
+            # output set (vce.core.io.output_set). The same row groups: the same bytes.
+            concat_parquet(sources, out_dir / f"train{suffix}.parquet")
         elif (fold_dirs[0] / f"train{suffix}.parquet").is_file():
             concat_parquet([fold_dirs[0] / f"train{suffix}.parquet"], out_dir / f"train{suffix}.parquet")
     oof_videos = {v for videos in held.values() for v in videos}

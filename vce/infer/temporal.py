@@ -247,6 +247,10 @@ def load_temporal(path) -> TemporalConvNet | None:
     payload = load(path)
     if not payload.get("enabled"):
         return None
-    model = TemporalConvNet(payload["embed_dim"], TemporalParams.model_validate(payload["params"]))
-    model.load_state_dict(payload["state_dict"])
+    try:
+        model = TemporalConvNet(payload["embed_dim"], TemporalParams.model_validate(payload["params"]))
+        model.load_state_dict(payload["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another version's or architecture's file
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise DataError(f"{path}: not a temporal model this version loads ({type(err).__name__}: {reason})") from None
     return model.eval()
