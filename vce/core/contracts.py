@@ -81,7 +81,7 @@ def read_probs(path: str | Path, columns: list[str] | None = None) -> pd.DataFra
     """Read a probabilities file and hold it to the contract (`check_probs`)."""
     columns = None if columns is None else list(dict.fromkeys([*KEYS, *columns]))
     probs = read_index(path, columns)
-    check_probs(probs, path, [c for c in (columns or probs_schema().names) if c in probs_schema().names])
+    check_probs(probs, path, None if columns is None else [c for c in columns if c in probs_schema().names])
     return probs
 
 
