@@ -47,16 +47,21 @@ def parse_args(argv):
 
 
 def load_thresholds(path: str) -> tuple[dict, dict | None]:
+    from vce.post.thresholds import check_engine_thresholds
+
     try:
         saved = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"thresholds file not found: {path} (run the thresholds stage)") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply") from None
     thresholds = saved.get("thresholds") if isinstance(saved, dict) else None
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")
     check_labels(thresholds, path)
+    check_engine_thresholds(saved, path)
     for label, value in thresholds.items():
         # Above 1 means "never fires" (labels without validation positives); NaN fails `>=`.
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
@@ -75,7 +80,7 @@ def load_engine(path: str) -> Engine | None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
-    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
     from vce.eval.score import check_submission
     from vce.post.engine import engine_submission
     from vce.post.events import EventParams, probs_to_submission, write_xlsx
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
     test_frames = all_test_frames(read_index(args.test_frames), read_index(args.held_out) if args.held_out else None)
     for name, probs_path, frames in (("val", val_probs, read_index(args.frames)),
                                      ("submission", test_probs, test_frames)):
-        probs, _ = join_probs(read_index(probs_path), frames)
+        probs, _ = join_probs(read_probs(probs_path), frames)
         if engine is not None:  # metric-optimal submission and the clean clinical list
             submission, clinical = engine_submission(probs, engine)
         else:

@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     from vce.data.index import DataParams
     from vce.data.split import SplitParams
     from vce.infer.predict import PredictParams, predict_sharded
+    from vce.infer.sink import NonFiniteOutput
     from vce.model import checkpoint
     from vce.model.device import resolve_device, setup_distributed
     params = load_params(args.params)
@@ -126,9 +127,12 @@ def main(argv=None) -> int:
     report = {}
     for split, rows, root in jobs:
         embeddings = out / f"{split}_embeddings.parquet" if predict_params.embeddings else None
-        report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
-                                        device, embeddings, desc=f"predict {split} (fold {args.fold})", cache=cache,
-                                        max_pixels=data.max_frame_pixels)
+        try:
+            report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
+                                            device, embeddings, desc=f"predict {split} (fold {args.fold})",
+                                            cache=cache, max_pixels=data.max_frame_pixels)
+        except NonFiniteOutput as err:  # no output written: the error names the weights that did it
+            raise DataError(f"{args.model}: {err}") from None
         if report[split]["invalid_frames"]:
             print(f"warning: {report[split]['invalid_frames']} undecodable frame(s) in {split}, "
                   f"e.g. {report[split]['invalid_examples'][0]} (rows kept with valid=false)", file=sys.stderr)

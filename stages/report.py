@@ -66,7 +66,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
-    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
     from vce.data.index import DataParams
     from vce.eval.report import ReportParams, write_report
     from vce.post.events import EventParams
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     data = from_dict(DataParams, all_params["data"], "data")
     min_gain = from_dict(ThresholdParams, all_params["thresholds"], "thresholds").engine.min_gain_sqrt_videos
     probs_path = args.probs or probs_file(source, "val", args.predict_dir, args.temporal_dir)
-    probs, labels = join_probs(read_index(probs_path), read_index(args.frames))
+    probs, labels = join_probs(read_probs(probs_path), read_index(args.frames))
     if labels is None:
         raise DataError(f"{args.frames} has no label columns: the report needs labelled validation frames")
     valid = probs["valid"].to_numpy()
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     if test_gt["videos"]:  # the score stage knew the test ground truth: a held-out score
         index = all_test_frames(read_index(args.test_index), read_index(args.held_out) if args.held_out else None)
         test_probs_path = args.test_probs or probs_file(source, "test", args.predict_dir, args.temporal_dir)
-        test_probs, _ = join_probs(read_index(test_probs_path), index)
+        test_probs, _ = join_probs(read_probs(test_probs_path), index)
         known = {video["video_id"] for video in test_gt["videos"]}  # test-root videos without truth: not drawn
         test_probs = test_probs[test_probs["video_id"].astype(str).isin(known)].reset_index(drop=True)
         test_events = read_json(args.test_events, "test events")
@@ -133,7 +133,7 @@ def _viewer_sets(args, data: DataParams, source: str, validation: ScoredSet, tes
     """The validation set and, when there are test frames, every test video (truth where known)."""
     import pandas as pd
 
-    from vce.core.contracts import all_test_frames, probs_file, read_index
+    from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
     from vce.post.timeline import join_probs
     from vce.viewer.build import ViewerSet
     frames = read_index(args.frames)
@@ -147,7 +147,7 @@ def _viewer_sets(args, data: DataParams, source: str, validation: ScoredSet, tes
         files = pd.concat([_frame_files(test, data.test_root)]
                           + ([_frame_files(held, data.root)] if held is not None and len(held) else []), ignore_index=True)
         test_probs_path = args.test_probs or probs_file(source, "test", args.predict_dir, args.temporal_dir)
-        test_probs, _ = join_probs(read_index(test_probs_path), index)
+        test_probs, _ = join_probs(read_probs(test_probs_path), index)
         scored = _scored_set("test", test_probs, index, test_gt, read_json(args.test_events, "test events"))
         sets.append(ViewerSet("test", scored.prediction, read_json(args.test_clinical_events, "test clinical list"),
                               scored.probs, files, scored.units, test_gt if test_gt["videos"] else None))

@@ -38,11 +38,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
-    from vce.core.contracts import probs_file, read_index
+    from vce.core.contracts import probs_file, read_index, read_probs
     from vce.eval.frame_metrics import frame_metrics
     from vce.post.engine import fit_engine, presence_rates, tuning_timeline
     from vce.post.events import EventParams, labels_to_submission
-    from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+    from vce.post.thresholds import ThresholdParams, f1_thresholds, thresholds_checksum, tune_on_map
     from vce.post.timeline import join_probs, labels_on_time
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     seed = from_dict(BaseParams, params["base"], "base").seed
     frames = read_index(args.frames)
     probs_path = args.probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
-    probs, labels = join_probs(read_index(probs_path), frames)
+    probs, labels = join_probs(read_probs(probs_path), frames)
     if len(probs) == 0:
         raise DataError(f"{probs_path} has no frames (post.probs: {source})")
     if labels is None:
@@ -73,8 +73,10 @@ def main(argv=None) -> int:
         fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
         engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)
+    # Under the engine the thresholds are a report: their checksum refuses a hand edit (check_engine_thresholds).
+    checksum = {"thresholds_sha256": thresholds_checksum(thresholds)} if engine else {}
     write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events,
-                          "engine": engine})
+                          "engine": engine, **checksum})
     write_json(args.metrics, {
         "method": threshold_params.method,
         "probs": source,

@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     import torch
 
     from vce.core.contracts import label_matrix, read_index
-    from vce.core.io import write_json
+    from vce.core.io import atomic_path, write_json
     from vce.data.dataset import rarest_label_weights
     from vce.data.folds import fold_frames
     from vce.data.frame_cache import FrameCache
@@ -168,9 +168,8 @@ def main(argv=None) -> int:
                                                                          train_videos=train_videos))
     if trainer.ddp.is_main:
         live.end()
-        Path(args.model_out).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(best_path, f"{args.model_out}.tmp")
-        Path(f"{args.model_out}.tmp").replace(args.model_out)
+        with atomic_path(args.model_out) as tmp:  # a full disk leaves no partial file
+            shutil.copyfile(best_path, tmp)
         # Whether it resumed is printed, not written: a resumed run's metrics equal a clean run's.
         write_json(args.metrics, {"best": result["best"], "final": result["history"][-1],
                                   "epochs": len(result["history"])})

@@ -22,7 +22,8 @@ POLICIES = {
     "blood": {"kind": "runs", "detector": "ar", "threshold": None, "ratio": 1.0, "median_window": 1,
               "ar_model": AR_MODEL, "ar_bias": 0.0, "ar_levels": [0.5], "min_length": 1, "regions": None,
               "shares": [0.0, 0.0, 0.1, 0.8, 0.1], "gate": 0.7, "evidence": "joint",
-              "presence_model": {"mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0}, "tuning_ap": 0.5},
+              "presence_model": {"mean": [0.0] * 6, "scale": [1.0] * 6, "coef": [1.0] + [0.0] * 5,
+                                 "intercept": 0.0}, "tuning_ap": 0.5},
     "polyp": {"kind": "runs", "detector": "threshold", "threshold": 0.9, "ratio": 1.0, "median_window": 7,
               "min_length": 3, "regions": [3], "shares": None, "gate": None, "evidence": "max", "tuning_ap": 0.6},
     "ulcer": {"kind": "off", "tuning_ap": 0.95, "shadow": {"detector": "threshold", "threshold": 0.5, "ratio": 1.0,
@@ -35,7 +36,8 @@ TYPES = {"mouth": HeadPolicy, "esophagus": OffPolicy, "stomach": RegionPolicy, "
 def _engine_json(policies=None) -> dict:
     policies = copy.deepcopy({**{label: {"kind": "off", "tuning_ap": 1.0} for label in LABELS}, **POLICIES,
                               **(policies or {})})
-    return {"coef": [[1.0]], "intercept": [0.0], "switch_penalty": 0.3, "region_cuts": True, "top_k": 10,
+    identity = [[float(i == j) for j in range(5)] for i in range(5)]  # (5, 5): Engine.from_dict checks the shapes
+    return {"coef": identity, "intercept": [0.0] * 5, "switch_penalty": 0.3, "region_cuts": True, "top_k": 10,
             "policies": {label: policies[label] for label in LABELS}, "centres": None, "durations": None,
             "temperatures": None}
 

@@ -379,3 +379,63 @@ def test_removing_any_key_a_stage_reads_exits_2_naming_it(tmp_path, capsys, stag
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     assert load_stage(stage).main(["--params", str(tmp_path / "params.yaml")]) == 2
     assert f"error: missing key {section}.{path} in params" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- YAML edge cases (issue 32)
+
+_BASE_LINE = "base:\n  seed: 42                      # seed for every random generator in every stage\n"
+
+
+def _params_text(tmp_path, text: str | bytes):
+    path = tmp_path / "params.yaml"
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    return path
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: t + "\n? [a, b]\n: 1\n", r"a list used as a key at line \d+: keys are names"),
+    (lambda t: t.replace(_BASE_LINE, "base:\n  {x: 1}: 2\n  seed: 42\n"), r"a dict used as a key at line 7"),
+    (lambda t: t.encode().replace(b"every random", b"every \xff random"),
+     r"not UTF-8 text \(byte 0xff at offset \d+\)"),
+    (lambda t: t.replace("seed: 42                      # seed for every", "seed: 18446744073709551616 # s", 1),
+     r"^base\.seed = 18446744073709551616: must be <= 2147483647$"),
+])
+def test_yaml_edge_cases_are_one_line_naming_the_file_or_key(tmp_path, edit, message):
+    """A list/dict key used to raise TypeError (unhashable), a non-UTF-8 byte UnicodeDecodeError,
+    a 2**64 seed an OverflowError later in numpy: each a traceback. Mutations killed: dropping the
+    key-type check, the decode catch, or the seed's upper bound."""
+    text = (ROOT / "params.yaml").read_text()
+    assert _BASE_LINE in text
+    path = _params_text(tmp_path, edit(text))
+    with pytest.raises(ParamsError, match=message) as err:
+        from_dict(BaseParams, load_params(path)["base"], "base")
+    assert "\n" not in str(err.value)
+
+
+def test_yaml_merge_keys_are_accepted_and_explicit_keys_override_them(tmp_path):
+    """`<<: *anchor` was rejected as invalid YAML by the duplicate-key loader."""
+    text = (ROOT / "params.yaml").read_text()
+    text = text.replace(_BASE_LINE, "base: &shared\n  seed: 7\n")
+    text = text.replace("demo:                           # the embedded demo dataset", "demo:\n  <<: *shared  #", 1)
+    text = text.replace("  seed: 42                      # generator seed: same seed, same bytes\n", "", 1)
+    params = load_params(_params_text(tmp_path, text))
+    assert params["base"]["seed"] == 7 and params["demo"]["seed"] == 7
+    assert from_dict(DemoParams, params["demo"], "demo").seed == 7
+    overridden = text.replace("  <<: *shared  #", "  <<: *shared\n  seed: 9  #", 1)
+    assert load_params(_params_text(tmp_path, overridden))["demo"]["seed"] == 9
+    twice = overridden.replace("  seed: 9  #", "  seed: 9\n  seed: 10  #", 1)
+    with pytest.raises(ParamsError, match="duplicate key 'seed'"):
+        load_params(_params_text(tmp_path, twice))
+
+
+@pytest.mark.parametrize("bad", [b"\xff", b"? [a]\n: 1\n"])
+def test_the_params_stage_reports_a_bad_byte_or_key_without_a_traceback(tmp_path, bad):
+    import subprocess
+    import sys
+
+    path = _params_text(tmp_path, (ROOT / "params.yaml").read_bytes() + b"\n" + bad)
+    result = subprocess.run([sys.executable, "-m", "stages.params", "--params", str(path), "--out",
+                             str(tmp_path / "check.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("Traceback") == 0, result.stderr
+    assert result.stderr.startswith(f"error: {path}: ") and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "check.json").exists()

@@ -304,3 +304,47 @@ def test_int_and_string_video_ids_are_named_as_a_type_mismatch():
     gt = sub(("1", []), ("2", []))
     with pytest.raises(SubmissionError, match=r"video id\(s\) 1 are of another type than the ground truth's"):
         check_submission(sub((1, []), ("2", [])), gt)
+
+
+# ----------------------------------------------------------------------------- hostile files, closed pipes (issue 32)
+
+def _cli(*args, close_stdout=False):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    process = subprocess.Popen([sys.executable, "-m", "vce.eval.score", *map(str, args)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if close_stdout:  # a reader that stopped before the first byte (`| head -c 0`)
+        process.stdout.close()
+        err = process.stderr.read()
+        return process.wait(timeout=120), "", err
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out, err
+
+
+def test_a_deeply_nested_json_is_one_line_not_a_recursion_error(tmp_path):
+    """Mutation killed: dropping the RecursionError catch in `_read_json` (a 10-line traceback)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"videos": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"videos": []}')
+    code, _, err = _cli(empty, deep)
+    assert code == 2 and err.count("Traceback") == 0, err
+    assert err == f"error: submission {deep}: JSON nested too deeply to be a submission\n"
+    from vce.core.errors import DataError
+    from vce.core.io import read_json
+
+    with pytest.raises(DataError, match="nested too deeply"):
+        read_json(deep, "validation events")
+
+
+def test_output_piped_to_a_reader_that_stops_exits_quietly(tmp_path):
+    """`python -m vce.eval.score gt pred | head -c 0` used to end in a BrokenPipeError traceback."""
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"videos": []}')
+    code, _, err = _cli(empty, empty, close_stdout=True)
+    assert (code, err) == (0, "")
+    code, out, _ = _cli(empty, empty)
+    assert code == 0 and json.loads(out)["map@0.5"] is not None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import tempfile
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from vce.core.errors import DataError
@@ -17,13 +19,32 @@ os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file; mkstemp's own is 0600
 
 
+# The temporaries of the output set being written (`output_set`), or None outside one.
+_PENDING: ContextVar[list | None] = ContextVar("output_set", default=None)
+
+
 def _temporary_beside(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    pending = {tmp for tmp, _ in _PENDING.get() or []}
     for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed run
-        stale.unlink(missing_ok=True)
+        if stale not in pending:
+            stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
+
+
+def _complete(tmp: Path, path: Path) -> None:
+    """Make a written temporary durable before anything is renamed: fsync, where a full disk
+    that the writes themselves did not report (delayed allocation) shows up. The one step every
+    output passes once (tests fake a full disk at its k-th call). Outside an output set (training
+    state, the viewer's thousands of thumbnails) the file is scratch and skips the fsync."""
+    if tmp.is_file() and _PENDING.get() is not None:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _publish(tmp: Path, path: Path) -> None:
@@ -32,22 +53,29 @@ def _publish(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _named(err: OSError, temps: list[Path], paths: list[Path]) -> OSError:
+    """A disk-full `err` naming the output it failed on (pyarrow, zipfile and torch name the
+    temporary, or nothing); other errors, and named ones, pass unchanged."""
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "No space left" in str(err)
+    if not full or any(str(p) in str(err) for p in paths):  # another error (a missing input): as it is
+        return err
+    failed = [p for tmp, p in zip(temps, paths) if err.filename is not None and str(tmp) == str(err.filename)]
+    target = failed[0] if failed else paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+    reason = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
+    return OSError(err.errno, f"cannot write {target} ({reason}); the previous output is kept")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path beside `path`; on success rename it over `path`.
 
     The rename is atomic on POSIX, so readers see either the old file or the whole
     new one. On an exception the temporary file is removed. The file gets the mode a plain
-    `open()` would give it (0666 less the umask), not mkstemp's private 0600.
+    `open()` would give it (0666 less the umask), not mkstemp's private 0600. Inside an
+    `output_set` the rename waits for the whole set.
     """
-    path = Path(path)
-    tmp = _temporary_beside(path)
-    try:
+    with atomic_paths(path) as (tmp,):
         yield tmp
-        _publish(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @contextmanager
@@ -56,16 +84,57 @@ def atomic_paths(*paths: str | os.PathLike):
     renames them only after every one was written, so a failure while writing (disk full,
     kill) leaves the whole old set, never new files beside old ones."""
     paths = [Path(p) for p in paths]
-    temps = []
+    temps: list[Path] = []
     try:
         temps = [_temporary_beside(p) for p in paths]
         yield temps
         for tmp, path in zip(temps, paths):
-            _publish(tmp, path)
-    except BaseException:
+            _complete(tmp, path)
+    except BaseException as err:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise _named(err, temps, paths) from None
         raise
+    pending = _PENDING.get()
+    if pending is not None:  # the enclosing output set renames them with the rest
+        pending.extend(zip(temps, paths))
+        return
+    for tmp, path in zip(temps, paths):
+        _publish(tmp, path)
+
+
+@contextmanager
+def output_set():
+    """Every `atomic_path` / `atomic_paths` output written inside goes to a temporary, and all
+    are renamed only when the block ends without an error; on an error every temporary is
+    removed and the previous outputs are left whole (a stage's files stay one run's set: never
+    a new submission.json beside last run's submission.xlsx). Nested sets join the outer one."""
+    if _PENDING.get() is not None:
+        yield
+        return
+    pending: list = []
+    token = _PENDING.set(pending)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _PENDING.reset(token)
+    for tmp, path in pending:
+        _publish(tmp, path)
+
+
+@contextmanager
+def outside_output_set():
+    """Files published at once even inside an `output_set` (parts another step reads back)."""
+    token = _PENDING.set(None)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
 
 
 def read_json(path, what: str):
@@ -76,6 +145,8 @@ def read_json(path, what: str):
         raise FileNotFoundError(f"{what}: file not found: {path}") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{what}: {path} is not valid JSON ({err})") from None
+    except RecursionError:  # json recurses once per nesting level
+        raise DataError(f"{what}: {path} is JSON nested too deeply") from None
 
 
 def json_text(obj, indent: int | None = 2) -> str:

@@ -39,7 +39,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from vce.core.errors import ParamsError
 
 __all__ = [
-    "BaseParams", "FieldError", "OddInt", "ParamsError", "PostParams", "SECTIONS", "ScoreParams", "Section",
+    "BaseParams", "FieldError", "MAX_SEED", "OddInt", "ParamsError", "PostParams", "SECTIONS", "ScoreParams", "Seed", "Section",
     "explain",
     "from_dict", "load_params", "load_section", "require",
 ]
@@ -80,10 +80,16 @@ def _odd(value: int) -> int:
 OddInt = Annotated[int, Field(ge=1), AfterValidator(_odd)]
 
 
+# A seed every generator takes: numpy's legacy / scikit-learn `random_state` stop at 2**32 - 1 and
+# torch at 2**64 - 1; 2**31 - 1 leaves room for the offsets derived seeds add (`seed + 1 + fold`).
+MAX_SEED = 2**31 - 1
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+
+
 class BaseParams(Section):
     """`base`: what every stage shares."""
 
-    seed: int = Field(ge=0)
+    seed: Seed
     exact_cpu: bool
 
 
@@ -116,7 +122,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: keys merged in, which explicit keys override
+            continue
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
+            raise ParamsError(f"a {type(key).__name__} used as a key at line {key_node.start_mark.line + 1}: "
+                              "keys are names")
         if key in seen:
             raise ParamsError(
                 f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
@@ -134,7 +145,9 @@ def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
     try:
-        params = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        params = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as err:
+        raise ParamsError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
     except ParamsError as err:
         raise ParamsError(f"{path}: {err}") from None
     except yaml.YAMLError as err:

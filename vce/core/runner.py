@@ -6,6 +6,10 @@
     if __name__ == "__main__":
         sys.exit(main())
 
+Every file a stage writes through `vce.core.io` (atomic_path, write_json, …) is one output set
+(`output_set`): renamed over the old files only when `main` returns, so a failure anywhere (a
+bad input found late, a full disk at the last file) leaves the previous run's set whole.
+
 A user error is the project's own `VCEError` (bad params, bad data, a missing input) or an
 OSError from the file system (file not found, permission denied, disk full): the message names
 the key or file, so a traceback would add nothing. Anything else is a bug and keeps its full
@@ -18,11 +22,14 @@ imported, so the demo gives the same bytes on any x86-64 CPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
 from collections.abc import Callable
 
 from vce.core.errors import VCEError
+from vce.core.io import output_set
 
 USER_ERRORS = (VCEError, OSError)
 
@@ -30,10 +37,53 @@ USER_ERRORS = (VCEError, OSError)
 def run(main: Callable[[], int | None]) -> int:
     """Call `main`; on a user error print `error: <message>` to stderr and return 2."""
     try:
-        return main() or 0
+        with pipe_safe_stdout(), output_set():  # the stage's outputs: all renamed at the end, or none
+            return main() or 0
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+class _PipeSafe:
+    """stdout that a reader may stop reading (`| head`): the first BrokenPipeError points the
+    descriptor at /dev/null and the program goes on quietly. What a stage prints is a summary;
+    its outputs are files, and a closed pipe must not leave them unwritten."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # also what the interpreter flushes at exit
+        os.close(devnull)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def pipe_safe_stdout():
+    """Within: `print` to a closed pipe is silent (`_PipeSafe`); stdout is restored after."""
+    stream = sys.stdout
+    sys.stdout = _PipeSafe(stream)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stream
 
 
 def stage(main: Callable[..., int | None]) -> Callable[..., int]:

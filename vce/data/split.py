@@ -20,13 +20,13 @@ from pydantic import Field, model_validator
 
 from vce.core.errors import DataError, ParamsError
 from vce.core.labels import LABELS
-from vce.core.params import Section
+from vce.core.params import Section, Seed
 
 
 class SplitParams(Section):
     """`split`: the train/validation split by video."""
 
-    seed: int = Field(ge=0)
+    seed: Seed
     val_fraction: float = Field(gt=0, lt=1)
     folds: list[int] = Field(min_length=1)
     candidates: int = Field(ge=1)

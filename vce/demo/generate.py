@@ -34,7 +34,7 @@ from vce.core.labels import (
     PATHOLOGY,
     REGIONS,
 )
-from vce.core.params import Section
+from vce.core.params import Section, Seed
 
 # Real Galar statistics (fixtures/galar_label_stats.csv: run-length median and 90th percentile
 # in annotated frames; share of the 80 videos in which the label occurs at all).
@@ -65,7 +65,7 @@ Z90 = 1.2815515655446004  # standard normal 90th percentile: sigma = ln(p90 / me
 class DemoParams(Section):
     """`demo`: the generated dataset (see params.yaml for each knob)."""
 
-    seed: int = Field(ge=0)
+    seed: Seed
     n_videos: int = Field(ge=1, le=80)
     frames_per_video: int = Field(ge=100)
     n_test_videos: int = Field(ge=0, le=9)

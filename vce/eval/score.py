@@ -39,6 +39,7 @@ import numpy as np
 
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
+from vce.core.runner import pipe_safe_stdout
 
 THRESHOLDS = (0.5, 0.95)
 _KEY_LIMIT = 2**62  # composite (group, start) keys must stay inside int64
@@ -355,6 +356,8 @@ def _read_json(path: str, what: str) -> dict:
         raise SubmissionError(f"cannot read {what} {path}: {err.strerror if isinstance(err, OSError) else err}") from None
     except json.JSONDecodeError as err:
         raise SubmissionError(f"{what} {path} is not valid JSON: {err}") from None
+    except RecursionError:  # json recurses once per nesting level; no submission nests more than 4
+        raise SubmissionError(f"{what} {path}: JSON nested too deeply to be a submission") from None
 
 
 def main(argv=None) -> int:
@@ -379,7 +382,8 @@ def main(argv=None) -> int:
     except SubmissionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
+    with pipe_safe_stdout():  # `| head`: the reader stopped, nothing to report
+        print(json.dumps(result, indent=2))
     return 0
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 from vce.core import runner
 from vce.core.contracts import read_index, temporal_probs
 from vce.core.errors import DataError
-from vce.core.io import write_json
+from vce.core.io import outside_output_set, write_json
 from vce.core.labels import LABELS, check_labels
 from vce.core.params import from_dict, load_params
 from vce.data.frame_files import IndexReport
@@ -44,7 +44,7 @@ from vce.model import checkpoint
 from vce.model.device import resolve_device
 from vce.post.engine import Engine, engine_submission
 from vce.post.events import EventParams, probs_to_submission
-from vce.post.thresholds import ThresholdParams
+from vce.post.thresholds import ThresholdParams, check_engine_thresholds
 from vce.post.timeline import event_time, join_probs
 from vce.viewer.build import ViewerSet, write_viewer
 
@@ -91,6 +91,7 @@ def load_tuned(path: Path) -> tuple[dict, dict | None, str, Engine | None]:
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping (run the thresholds stage)")
     check_labels(thresholds, str(path))
+    check_engine_thresholds(saved, path)
     engine = Engine.from_dict(saved["engine"], f"{path}:engine") if saved.get("engine") else None
     return thresholds, saved.get("events"), saved.get("probs", "frame"), engine
 
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     folder = Path(args.exam)
     frames = exam_frames(folder, data)
     device = resolve_device(predict_params.device)
-    with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp, outside_output_set():  # read back below
         tmp = Path(tmp)
         probs_paths, emb_paths = [], []
         for i, path in enumerate(models):

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vce.core.contracts import probs_schema
+from vce.core.contracts import probs_schema, read_probs
 from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS, NUM_LABELS
@@ -67,7 +67,7 @@ def mean_ap(aps: dict[str, float | None]) -> float | None:
 
 
 def _probs_and_labels(path: Path, frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    probs = pd.read_parquet(path, columns=["video_id", "frame", *LABELS])
+    probs = read_probs(path)[["video_id", "frame", *LABELS]]
     truth = frames[["video_id", "frame", *LABELS]].rename(columns={label: f"true:{label}" for label in LABELS})
     joined = match_frames(probs, truth, f"probability row(s) of {path} are not in the labelled frame index")
     return (joined[list(LABELS)].to_numpy(np.float32),
@@ -182,7 +182,9 @@ def gather_oof(frames: pd.DataFrame, fold_dirs: dict[int, Path], out_dir: Path, 
             raise DataError(f"out-of-fold file(s) missing: {absent} (predict.embeddings: {embeddings})")
         concat_parquet(sources, out_dir / f"val{suffix}.parquet")
         if n_folds > 1:
-            concat_parquet([out_dir / f"val{suffix}.parquet"], out_dir / f"train{suffix}.parquet")
+            # From the sources, not the val file above: that is renamed only with the stage's whole
+            # output set (vce.core.io.output_set). The same row groups: the same bytes.
+            concat_parquet(sources, out_dir / f"train{suffix}.parquet")
         elif (fold_dirs[0] / f"train{suffix}.parquet").is_file():
             concat_parquet([fold_dirs[0] / f"train{suffix}.parquet"], out_dir / f"train{suffix}.parquet")
     oof_videos = {v for videos in held.values() for v in videos}

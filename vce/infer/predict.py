@@ -33,7 +33,7 @@ from pydantic import Field
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from vce.core.io import atomic_path
+from vce.core.io import atomic_path, outside_output_set
 from vce.core.params import Section
 from vce.data.dataset import normalize_batch
 from vce.data.eval_batches import CacheChunks, PngChunks, chunk_bounds, threaded
@@ -247,8 +247,9 @@ def predict_sharded(model, frames, root, probs_out, params, device, embeddings_o
     rank = dist.get_rank()
     part = lambda path, r: Path(f"{path}.part{r}") if path else None
     mine = shard_by_video(frames.sort_values(["video_id", "frame"], kind="stable"), rank, world)
-    stats = predict_frames(model, mine, root, part(probs_out, rank), params, device,
-                           part(embeddings_out, rank), desc, cache, max_pixels)
+    with outside_output_set():  # parts rank 0 reads back to merge
+        stats = predict_frames(model, mine, root, part(probs_out, rank), params, device,
+                               part(embeddings_out, rank), desc, cache, max_pixels)
     gathered = [None] * world
     dist.all_gather_object(gathered, stats)
     if rank == 0:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from vce.core.contracts import embeddings_schema, probs_schema
+from vce.core.errors import DataError
 from vce.core.labels import LABELS
 
 
@@ -81,6 +82,10 @@ class StageClock:
 _DONE = object()
 
 
+class NonFiniteOutput(DataError):
+    """The model produced NaN/inf for a decoded frame; the caller names the checkpoint."""
+
+
 class ParquetSink:
     """The writer thread: each batch's probabilities (and embeddings) into the Parquet files.
 
@@ -97,6 +102,7 @@ class ParquetSink:
         self.clock = clock
         self.writer = pq.ParquetWriter(tmp_probs, probs_schema())
         self.emb_writer = None
+        self.rows_seen = 0  # rows taken from the queue so far: names the frame of a bad output
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.stopping = threading.Event()
@@ -157,9 +163,25 @@ class ParquetSink:
             if copied is not None:
                 copied.synchronize()
         probs = np.array(probs.numpy())  # a copy: the pinned buffer goes back to its pool
+        embedding = None if embedding is None else embedding.numpy()
+        self._check_finite(probs, embedding, valid)
         probs[~valid] = np.nan
-        embedding = None if embedding is None else embedding.numpy().astype(np.float16)  # as stored
+        embedding = None if embedding is None else embedding.astype(np.float16)  # as stored
+        self.rows_seen += len(probs)
         return probs, valid, embedding
+
+    def _check_finite(self, probs: np.ndarray, embedding: np.ndarray | None, valid: np.ndarray) -> None:
+        """NaN is never a probability: a model that outputs NaN/inf on a decoded frame (diverged or
+        corrupt weights) stops here, naming the first such frame, instead of writing rows that
+        say valid=true and erase events downstream."""
+        finite = np.isfinite(probs).all(axis=1)
+        if embedding is not None:
+            finite &= np.isfinite(embedding).all(axis=1)
+        bad = valid & ~finite
+        if bad.any():
+            row = self.frames.iloc[self.rows_seen + int(np.flatnonzero(bad)[0])]
+            raise NonFiniteOutput(f"the model output NaN/inf on {int(bad.sum())} decoded frame(s) of a batch, "
+                                  f"first video {row['video_id']} frame {row['frame']}: its weights are not usable")
 
     def _flush(self, pending, start: int) -> int:
         with self.clock.host("writer_parquet"):

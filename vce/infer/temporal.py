@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 from pydantic import Field
 
+from vce.core.contracts import check_unique_keys, parquet_schema
 from vce.core.errors import DataError
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import OddInt, Section
@@ -74,6 +75,7 @@ class Sequences:
 
 def read_embeddings(path) -> tuple[pd.DataFrame, np.ndarray]:
     """(video_id, frame) rows sorted by video and frame, and their (N, D) float32 embeddings."""
+    parquet_schema(path)  # a file that is not Parquet: one line naming it
     table = pq.read_table(path)
     missing = [c for c in ("video_id", "frame", "embedding") if c not in table.column_names]
     if missing:
@@ -85,6 +87,12 @@ def read_embeddings(path) -> tuple[pd.DataFrame, np.ndarray]:
     embeddings = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
     frames = pd.DataFrame({"video_id": table.column("video_id").to_numpy(zero_copy_only=False).astype(str),
                            "frame": table.column("frame").to_numpy().astype(np.int64)})
+    check_unique_keys(frames, path)
+    finite = np.isfinite(embeddings).all(axis=1)
+    if not finite.all():  # float16 overflow or a NaN model: the TCN would spread it over the video
+        row = int(np.flatnonzero(~finite)[0])
+        raise DataError(f"{path}: embedding of video {frames['video_id'].iloc[row]} frame "
+                        f"{frames['frame'].iloc[row]} (row {row}) is not finite ({int((~finite).sum())} such row(s))")
     order = np.lexsort((frames["frame"].to_numpy(), frames["video_id"].to_numpy()))
     return frames.iloc[order].reset_index(drop=True), embeddings[order]
 
@@ -239,6 +247,10 @@ def load_temporal(path) -> TemporalConvNet | None:
     payload = load(path)
     if not payload.get("enabled"):
         return None
-    model = TemporalConvNet(payload["embed_dim"], TemporalParams.model_validate(payload["params"]))
-    model.load_state_dict(payload["state_dict"])
+    try:
+        model = TemporalConvNet(payload["embed_dim"], TemporalParams.model_validate(payload["params"]))
+        model.load_state_dict(payload["state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # another version's or architecture's file
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise DataError(f"{path}: not a temporal model this version loads ({type(err).__name__}: {reason})") from None
     return model.eval()

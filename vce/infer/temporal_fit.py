@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from vce.core.contracts import label_matrix, read_index
+from vce.core.contracts import label_matrix, read_probs
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
 from vce.eval.frame_metrics import frame_metrics
@@ -63,7 +63,7 @@ def load_split(predict_dir: Path, split: str, labelled_frames: pd.DataFrame | No
     probs_path = predict_dir / f"{split}.parquet"
     valid = None
     if probs_path.is_file():
-        valid = align(frames, read_index(probs_path, ["video_id", "frame", "valid"]), ["valid"], str(probs_path))
+        valid = align(frames, read_probs(probs_path, ["valid"]), ["valid"], str(probs_path))
         valid = valid["valid"].to_numpy(bool)
     labels = None
     if labelled_frames is not None:
@@ -133,6 +133,6 @@ def _frame_maps(predict_dir: Path, val: Sequences, val_probs: np.ndarray) -> dic
     if len(val.frames):
         out["frame_map"] = frame_metrics(val.labels, val_probs)["map"]
     if (predict_dir / "val.parquet").is_file():
-        frame_probs = align(val.frames, read_index(predict_dir / "val.parquet"), list(LABELS), "val probabilities")
+        frame_probs = align(val.frames, read_probs(predict_dir / "val.parquet"), list(LABELS), "val probabilities")
         out["input_frame_map"] = frame_metrics(val.labels, frame_probs.to_numpy("float32"))["map"]
     return out

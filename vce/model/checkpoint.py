@@ -82,8 +82,20 @@ def load_model(path, device="cpu"):
     payload = load(path)
     if payload.get("labels") != list(LABELS):
         raise DataError(f"{path}: model was trained on other labels: {payload.get('labels')}")
-    model = build_from_config(payload["arch"])
-    model.load_state_dict(payload["state_dict"])
+    for key in ("arch", "state_dict"):
+        if not isinstance(payload.get(key), dict):
+            raise CheckpointError(f"{path}: not a model file of this project (no {key!r} mapping)")
+    try:
+        model = build_from_config(payload["arch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: its 'arch' does not build a model ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as err:  # missing / unexpected keys, wrong shapes: another architecture's weights
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise CheckpointError(f"{path}: weights do not fit its architecture ({' '.join(lines[1:2] or lines[:1])[:300]})") \
+            from None
     return model.to(device).eval(), payload
 
 

@@ -130,7 +130,9 @@ def load_image_weights(tower: nn.Module, weights: Path, source: str) -> None:
     try:
         state_dict = load_state_dict(str(weights))
     except Exception as err:
-        raise SourceError(f"model.source={source}: cannot read weights {weights}: {err}") from None
+        reason = "holds objects other than tensors (loading it could run code)" \
+            if "weights_only" in str(err) else " ".join(str(err).split())[:300]
+        raise SourceError(f"model.source={source}: cannot read weights {weights}: {reason}") from None
     visual = {k[len("visual."):]: v for k, v in state_dict.items() if k.startswith("visual.")}
     if not visual:
         raise SourceError(f"model.source={source}: {weights} holds no visual.* (image tower) weights")
@@ -243,7 +245,9 @@ def load_timm_trunk(vision_cfg: dict, weights: Path, source: str) -> nn.Module:
         else:
             state_dict = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise SourceError(f"model.source={source}: cannot read weights {weights}: {err}") from None
+        reason = "holds objects other than tensors (loading it could run code)" \
+            if "weights_only" in str(err) else " ".join(str(err).split())[:300]
+        raise SourceError(f"model.source={source}: cannot read weights {weights}: {reason}") from None
     try:
         trunk.load_state_dict(state_dict, strict=True)
     except RuntimeError as err:  # missing / unexpected keys or shape mismatches, all listed

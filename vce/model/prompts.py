@@ -122,11 +122,10 @@ def load_prompt_embeddings(path) -> torch.Tensor | None:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"prompt embeddings file {path} not found (run the prompts stage)")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise DataError(f"{path}: not a prompt embeddings file: {err}") from None
-    if not isinstance(payload, dict) or not {"labels", "embeddings"} <= set(payload):
+    from vce.model.checkpoint import load  # weights_only=True; a pickle holding code is one line
+
+    payload = load(path)
+    if not {"labels", "embeddings"} <= set(payload):
         raise DataError(f"{path}: expected a dict with 'labels' and 'embeddings'")
     if list(payload["labels"]) != list(LABELS):
         raise DataError(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LANDMARKS, REGIONS
 from vce.post.runs import group_firsts, runs_of, video_of
 
@@ -107,6 +108,8 @@ def monotone_path(scores: np.ndarray, switch_penalty: float, min_durations=None,
         best[:, k] = prefix[:, k] + reachable
         below_best = np.maximum(below_best, best[:, k])
     if not np.isfinite(best[-1]).any():  # no path fits the duration prior
+        if min_durations is None and max_durations is None:  # no prior to drop: the scores themselves are bad
+            raise DataError("region path: no path has a finite score (NaN/inf region scores or switch penalty)")
         return monotone_path(scores, switch_penalty)
     # Backtrack: at most one entry per state (the earliest best tau in its window); before
     # entering k at tau the path was in the best state below k at tau - 1.

@@ -35,7 +35,10 @@ def match_frames(left: pd.DataFrame, right: pd.DataFrame, what: str) -> pd.DataF
     A mismatch means the two files come from different runs: the error names `what` and the
     first missing frame.
     """
-    joined = left.merge(right, on=["video_id", "frame"], how="left", validate="one_to_one", indicator=True)
+    try:
+        joined = left.merge(right, on=["video_id", "frame"], how="left", validate="one_to_one", indicator=True)
+    except pd.errors.MergeError:  # a frame written twice on one side: files of different runs, or edited
+        raise DataError(f"{what}: a (video_id, frame) appears more than once in one of the files") from None
     missing = joined["_merge"] != "both"
     if missing.any():
         row = joined[missing].iloc[0]

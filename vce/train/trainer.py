@@ -22,6 +22,7 @@ from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from vce.core.io import outside_output_set
 from vce.core.labels import LABELS
 from vce.core.params import ParamsError, Section, require
 from vce.data.dataset import AugmentParams, EpochSampler, erasing_value, normalize_batch
@@ -187,6 +188,10 @@ class Trainer:
     def save_state(self) -> None:
         if not self.ddp.is_main:
             return
+        with outside_output_set():  # scratch a killed run resumes from: published at once
+            self._save_state()
+
+    def _save_state(self) -> None:
         checkpoint.save(self.state_path, {
             "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
             "cycle": list(self.cycle), "history": self.history, "best": self.best,
@@ -283,7 +288,8 @@ class Trainer:
             if improved:
                 self.best = record
                 if self.ddp.is_main:
-                    on_best(self.ema.module, record)
+                    with outside_output_set():  # the best epoch's file, read back by the stage at the end
+                        on_best(self.ema.module, record)
             self.epoch, self.step = epoch + 1, 0
             self.epoch_losses, self.epoch_skipped = [], 0
             self.save_state()

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vce.core.io import safe_file_name
+from vce.core.io import outside_output_set, safe_file_name
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.eval.report import ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches, score
@@ -254,7 +254,8 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
         found = wanted.merge(files.assign(video_id=files["video_id"].astype(str)), on=["video_id", "t"])
         paths |= {(v, int(t)): p for v, t, p in found[["video_id", "t", "path"]].itertuples(index=False)}
     clock.append(time.perf_counter())
-    files = write_thumbnails(paths, out_dir, params.thumbnail_px, params.image_format, params.quality)
+    with outside_output_set():  # the folder is rebuilt in place (rmtree above), its pages count these bytes
+        files = write_thumbnails(paths, out_dir, params.thumbnail_px, params.image_format, params.quality)
     clock.append(time.perf_counter())
     thumbs = {}
     for video in all_videos:

@@ -113,7 +113,8 @@ def _write_one(source: Path, target: Path, size: int, image_format: str, quality
             rgb.save(tmp, format="JPEG", quality=quality, optimize=True)
         else:
             rgb.save(tmp, format="WEBP", quality=quality, method=4)
-    return target.stat().st_size
+        size = Path(tmp).stat().st_size  # inside an output set `target` appears only at the stage's end
+    return size
 
 
 def write_thumbnails(frame_paths: dict, out_dir, size: int, image_format: str, quality: int) -> dict:

@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import ClassVar
 
+import numpy as np
+
 from vce.core.errors import DataError
-from vce.core.labels import LABELS
+from vce.core.labels import LABELS, REGIONS
 from vce.post.arhmm import AR_MODEL_KEYS
+from vce.post.engine.params import PRESENCE_FEATURES
 
 
 class _Lacking(Exception):
@@ -220,7 +223,12 @@ class Engine:
         missing = [label for label in LABELS if label not in policies]
         if missing:
             raise DataError(f"{where}: no policy for label(s) {missing}")
-        return cls(**values, policies={label: _policy(policy, label, where) for label, policy in policies.items()})
+        policies = {label: _policy(policy, label, where) for label, policy in policies.items()}
+        _check_numbers(values, where)
+        for label, policy in policies.items():
+            if isinstance(policy, RunsPolicy) and policy.presence_model is not None:
+                _check_presence_model(policy.presence_model, f"{where}.policies[{label!r}].presence_model")
+        return cls(**values, policies=policies)
 
 
 def _policy(data, label: str, where: str) -> Policy:
@@ -233,3 +241,43 @@ def _policy(data, label: str, where: str) -> Policy:
     except _Lacking as err:
         raise DataError(f"{where}: the {label!r} policy lacks {err.args[0]}: fitted by an older version, "
                         "rerun the thresholds stage") from None
+
+
+def _check_numbers(values: dict, where: str) -> None:
+    """The engine's numbers are finite and of the fitted shapes: a NaN coefficient would make
+    every region path score NaN (no path to decode), a wrong shape a matmul traceback."""
+    n = len(REGIONS)
+    _finite_array(values["coef"], (n, n), f"{where}.coef")
+    _finite_array(values["intercept"], (n,), f"{where}.intercept")
+    _finite_array(values["switch_penalty"], (), f"{where}.switch_penalty")
+    if values["durations"] is not None:
+        _finite_array(values["durations"], (2, n), f"{where}.durations")
+    for key in ("centres", "temperatures"):
+        per_label = values[key]
+        if per_label is None:
+            continue
+        if not isinstance(per_label, list) or len(per_label) != len(LABELS):
+            raise DataError(f"{where}.{key}: expected a list of {len(LABELS)} (one per label) or null")
+        for label, value in zip(LABELS, per_label):
+            if value is not None:
+                _finite_array(value, () if key == "centres" else (2,), f"{where}.{key}[{label!r}]")
+
+
+def _finite_array(value, shape: tuple, key: str) -> None:
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DataError(f"{key}: not numbers ({str(value)[:80]})") from None
+    if array.shape != shape:
+        raise DataError(f"{key}: shape {array.shape}, expected {shape}")
+    if not np.isfinite(array).all():
+        raise DataError(f"{key}: not finite ({str(value)[:80]}): rerun the thresholds stage")
+
+
+def _check_presence_model(model, key: str) -> None:
+    """The joint presence gate's logistic model: one finite weight per `PRESENCE_FEATURES`."""
+    if not isinstance(model, dict) or not {"mean", "scale", "coef", "intercept"} <= set(model):
+        raise DataError(f"{key}: expected a mapping with mean, scale, coef and intercept")
+    for name in ("mean", "scale", "coef"):
+        _finite_array(model[name], (len(PRESENCE_FEATURES),), f"{key}.{name}")
+    _finite_array(model["intercept"], (), f"{key}.intercept")
