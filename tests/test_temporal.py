@@ -132,7 +132,8 @@ def workspace(tmp_path):
 def run_stage(ws, out="temporal", metrics="temporal.json", predict="predict", params="params.yaml"):
     return temporal_stage.main(["--params", str(ws / params), "--predict-dir", str(ws / predict),
                                 "--frames", str(ws / "frames.parquet"), "--out-dir", str(ws / out),
-                                "--metrics", str(ws / metrics), "--model-out", str(ws / f"{out}.pt")])
+                                "--metrics", str(ws / metrics), "--route", str(ws / f"{out}_route.json"),
+                                "--model-out", str(ws / f"{out}.pt")])
 
 
 def test_stage_writes_the_probabilities_contract(workspace):
