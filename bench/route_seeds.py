@@ -70,6 +70,7 @@ def write_params(work: Path, seed: int, source: str, assignments: list[str]) -> 
 
 def run_seed(work: Path, seed: int, assignments: list[str]) -> dict:
     """One training seed: the chain once, then thresholds/events/score per route; test mAPs and routes."""
+    work.mkdir(parents=True, exist_ok=True)
     paths = {source: write_params(work, seed, source, assignments) for source in ROUTES}
     p = ["--params", str(paths["auto"])]
     d = {key: str(work / rel) for key, rel in {
