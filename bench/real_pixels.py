@@ -286,7 +286,8 @@ def run(work: Path, args) -> dict:
                           "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
     if args.temporal:
         stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
-                               "--metrics", str(work / "metrics/temporal.json")])
+                               "--metrics", str(work / "metrics/temporal.json"),
+                               "--route", str(work / "metrics/route.json"), "--model-out", str(work / "temporal.pt")])
     frames, test = read_index(w["split"]), read_index(w["test"])
     baseline_probs(frames, test, work / "videos/galar", work / "videos/test", work / "baseline", args.seed)
     test_gt = read_json(work / "videos/test_ground_truth.json", "test ground truth")

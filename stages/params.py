@@ -59,15 +59,18 @@ def _pretrained_learning_rate(p: dict) -> None:
 
 
 def _temporal_needs_embeddings(p: dict) -> None:
-    """The temporal route learns from the training videos' frame embeddings."""
+    """The temporal route learns from the validation videos' frame embeddings, cross-fitted over
+    them (`vce.infer.temporal_fit`): it needs the embeddings, and more than one explicit
+    validation video. (`auto` falls back to the frame model instead, recorded in metrics/route.json.)"""
     if p["post"].probs != "temporal":
         return
     if not p["predict"].embeddings:
         raise ParamsError("post.probs = 'temporal' needs predict.embeddings: true (the temporal model reads "
                           "the frame embeddings)")
-    if p["split"].n_folds == 1 and "train" not in p["predict"].splits:
-        raise ParamsError("post.probs = 'temporal' with one split needs 'train' in predict.splits "
-                          f"(it is {list(p['predict'].splits)}): the temporal model learns from those videos")
+    if p["split"].n_folds == 1 and len(p["split"].val_videos) == 1:
+        raise ParamsError(f"post.probs = 'temporal' with one validation video (split.val_videos = "
+                          f"{list(p['split'].val_videos)}): its temporal probabilities cannot be cross-fitted; "
+                          "use post.probs: auto or frame")
 
 
 def _draws_fill_a_batch(p: dict) -> None:

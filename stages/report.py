@@ -42,6 +42,8 @@ def parse_args(argv):
     parser.add_argument("--temporal-dir", default="data/temporal", help="the temporal model's probabilities")
     parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels")
     parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing")
+    parser.add_argument("--route", default="metrics/route.json",
+                        help="each label's route (temporal stage); shown in the per-class table when the file exists")
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--gt", default="data/score/val_gt.json", help="validation ground-truth events")
     parser.add_argument("--test-gt", default=None,
@@ -106,6 +108,7 @@ def main(argv=None) -> int:
         params=params,
         plots_dir=args.plots_dir,
         report_path=args.report,
+        route=read_json(args.route, "routes") if Path(args.route).is_file() else None,
     )
     saved = read_json(args.thresholds, "thresholds")
     viewer = write_viewer(args.viewer_dir, _viewer_sets(args, data, source, sets[0], test_gt), saved, params.viewer,

@@ -1,15 +1,17 @@
-"""Stage `temporal`: a sequence model over frame embeddings → refined val/test probabilities.
+"""Stage `temporal`: a sequence model over frame embeddings → refined val/test probabilities, routed per label.
 
-Trains `vce.infer.temporal`'s dilated temporal convolution network on the training videos'
-embeddings (labels from the split frame index) and writes `val.parquet` and `test.parquet` in
-the probabilities contract, plus `metrics/temporal.json` (validation frame mAP of the refined
-and of the frame model's probabilities) and `models/temporal.pt` (read by `vce.infer.detect`).
-`post.probs: temporal` makes thresholds and events read these instead of `data/predict`. With
-k > 1 folds validation is cross-fitted (`vce.infer.temporal_fit`).
+Trains `vce.infer.temporal`'s dilated temporal convolution network on the **validation**
+videos' embeddings only (never the frame model's own training videos: in-sample), cross-fitted
+over groups of them (`vce.infer.temporal_fit`), and writes `val.parquet` and `test.parquet` in
+the probabilities contract, `metrics/temporal.json` (cross-fitted validation frame mAP of the
+refined and of the frame model's probabilities, the cross-fit groups), `metrics/route.json`
+(each label's route and its evidence, `vce.infer.route`) and `models/temporal.pt` (model and
+routes, read by `vce.infer.detect`). With `post.probs: auto` the written probabilities are
+each label's routed ones (frame, temporal or their mean); with `temporal` the model's own.
 
-Needs `predict.embeddings: true` with `train` in `predict.splits`. Without those embeddings the
-stage is an error when `post.probs` is `temporal`; otherwise it writes empty files of the
-contract's schema and `{"enabled": false, ...}` so the pipeline runs unchanged.
+Without embeddings (`predict.embeddings: false`) or with one validation video (no cross-fit
+possible), `post.probs: temporal` is an error; `auto` writes the frame model's probabilities
+(every label routed to frame, the reason in metrics/route.json); `frame` writes empty files.
 """
 
 from __future__ import annotations
@@ -32,17 +34,42 @@ def parse_args(argv):
     parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels and split")
     parser.add_argument("--out-dir", default="data/temporal", help="refined probabilities written here")
     parser.add_argument("--metrics", default="metrics/temporal.json", help="training summary and frame mAP")
+    parser.add_argument("--route", default="metrics/route.json", help="each label's route and its evidence")
     parser.add_argument("--model-out", default="models/temporal.pt", help="the trained model (read by vce.infer.detect)")
     return parser.parse_args(argv)
+
+
+def _without_model(args, source: str, reason: str, temporal_params) -> int:
+    """No cross-fitted temporal model: refuse `temporal`; `auto` routes every label to the frame
+    model (its probabilities copied to --out-dir); `frame` gets empty files."""
+    from vce.core.contracts import probs_schema, write_probs
+    from vce.infer.route import RouteChoice, fixed_routes
+    from vce.infer.temporal import save_temporal
+    from vce.infer.temporal_fit import frame_fallback
+
+    if source == "temporal":
+        raise DataError(f"post.probs = 'temporal' is refused: {reason}; use post.probs: auto or frame")
+    out = Path(args.out_dir)
+    routed = frame_fallback(Path(args.predict_dir), reason) if source == "auto" else None
+    empty = probs_schema().empty_table().to_pandas()
+    for name in ("val", "test"):
+        write_probs(out / f"{name}.parquet", getattr(routed, name) if routed else empty)
+    write_json(args.metrics, {"enabled": False, "reason": reason})
+    routes = routed.choice if routed else RouteChoice(fixed_routes("frame"), {})
+    write_json(args.route, routes.to_dict(source, reason))
+    save_temporal(args.model_out, None, temporal_params, routes.routes)
+    print(f"temporal: disabled, {reason}; " + ("auto: every label on the frame model" if routed else
+                                               "wrote empty outputs"))
+    return 0
 
 
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
-    from vce.core.contracts import probs_schema, read_index, temporal_probs, write_probs
-    from vce.infer.temporal import TemporalParams, probs_frame, save_temporal
-    from vce.infer.temporal_fit import fit_temporal, missing_embeddings
+    from vce.core.contracts import read_index, write_probs
+    from vce.infer.temporal import TemporalParams, save_temporal
+    from vce.infer.temporal_fit import TooFewVideos, fit_temporal, missing_embeddings, route_fit
     from vce.model.device import resolve_device
     from vce.train.losses import LossParams
     params = load_params(args.params)
@@ -52,30 +79,32 @@ def main(argv=None) -> int:
     seed = from_dict(BaseParams, params["base"], "base").seed
     predict_dir, out = Path(args.predict_dir), Path(args.out_dir)
     missing = missing_embeddings(predict_dir)
-    if missing:
-        reason = (f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true "
-                  "and add train to predict.splits")
-        if temporal_probs(source):
-            raise DataError(f"post.probs is temporal but there are {reason}")
-        for name in ("val", "test"):
-            write_probs(out / f"{name}.parquet", probs_schema().empty_table().to_pandas())
-        write_json(args.metrics, {"enabled": False, "reason": reason})
-        save_temporal(args.model_out, None, temporal_params)
-        print(f"temporal: disabled, {reason}; wrote empty outputs")
-        return 0
-
     began = time.perf_counter()
-    device = resolve_device(temporal_params.device)
-    fitted = fit_temporal(predict_dir, read_index(args.frames), temporal_params, loss_params, seed, device)
-    write_probs(out / "val.parquet", probs_frame(fitted.val, fitted.val_probs))
-    write_probs(out / "test.parquet", probs_frame(fitted.test, fitted.test_probs))
+    fitted, reason = None, None
+    if missing:
+        reason = f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true"
+    else:
+        try:
+            fitted = fit_temporal(predict_dir, read_index(args.frames), temporal_params, loss_params, seed,
+                                  resolve_device(temporal_params.device))
+        except TooFewVideos as err:
+            reason = str(err)
+    if fitted is None:
+        return _without_model(args, source, reason, temporal_params)
+
+    routed = route_fit(fitted, predict_dir, source)
+    write_probs(out / "val.parquet", routed.val)
+    write_probs(out / "test.parquet", routed.test)
     # Wall-clock times are printed, not written: git-tracked metrics must repeat exactly.
     write_json(args.metrics, fitted.metrics)
-    save_temporal(args.model_out, fitted.model, temporal_params)
+    write_json(args.route, routed.choice.to_dict(source, routed.reason))
+    save_temporal(args.model_out, fitted.model, temporal_params, routed.choice.routes)
     before, after = (f"{m:.4f}" if m is not None else "n/a" for m in (fitted.metrics.get("input_frame_map"),
                                                                     fitted.metrics.get("frame_map")))
-    print(f"temporal: {fitted.metrics['train_frames']} training frames, val frame mAP {before} → {after}; "
-          f"{time.perf_counter() - began:.1f} s -> {out}/, {args.metrics}")
+    counts = routed.choice.to_dict(source)["counts"]
+    print(f"temporal: {fitted.metrics['train_frames']} validation frames learned from, cross-fitted val frame mAP "
+          f"{before} → {after}; routes ({source}) {counts}; {time.perf_counter() - began:.1f} s -> {out}/, "
+          f"{args.metrics}, {args.route}")
     return 0
 
 

@@ -148,6 +148,7 @@ def test_the_later_stages_run_on_the_fold_ensemble(downstream):
     frames = pd.read_parquet(tmp_path / "split/frames.parquet")
     assert {v["video_id"] for v in submitted["videos"]} == set(frames["video_id"])  # every labelled video scored
     assert json.loads((tmp_path / "metrics/temporal.json").read_text())["train_videos"] == frames["video_id"].nunique()
+    assert json.loads((tmp_path / "metrics/temporal.json").read_text())["cross_fit"]["scheme"] == "folds"
 
 
 def test_detect_on_one_exam_folder_gives_the_pipelines_events(downstream, tmp_path):
@@ -160,7 +161,7 @@ def test_detect_on_one_exam_folder_gives_the_pipelines_events(downstream, tmp_pa
             "--models", *[str(root / f"models/folds/{k}/model.pt") for k in range(3)],
             "--ensemble", str(root / "metrics/ensemble.json"), "--temporal", str(root / "models/temporal.pt"),
             "--thresholds", str(root / "models/thresholds.json")]
-    assert json.loads((root / "models/thresholds.json").read_text())["probs"] == "temporal"
+    assert json.loads((root / "models/thresholds.json").read_text())["probs"] == "auto"  # detect mixes as the stage did
     assert detect.main(argv + ["--clinical-out", str(tmp_path / "clinical.json"), "--viewer-dir", str(tmp_path / "viewer")]) == 0
     assert json.loads(out.read_text()) == json.loads((root / "events/submission.json").read_text())
     clinical = json.loads((tmp_path / "clinical.json").read_text())

@@ -234,7 +234,7 @@ def test_non_finite_per_label_override_is_refused():
     ("events", "per_label", {"blood": {"median_window": 4}},
      "events.per_label.blood.median_window = 4: must be an odd integer"),
     ("score", "test_gt", 3, "score.test_gt = 3: must be a string"),
-    ("post", "probs", "video", "post.probs = 'video': must be one of 'frame' or 'temporal'"),
+    ("post", "probs", "video", "post.probs = 'video': must be one of 'frame', 'temporal' or 'auto'"),
     ("model", "source", "biomedclip", "model.source = 'biomedclip': must be tiny, random"),
     ("train", "augment", None, "train.augment = None: must be a mapping"),
 ])

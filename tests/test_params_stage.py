@@ -33,8 +33,9 @@ def test_the_repository_params_hold_and_the_output_does_not_move_with_valid_valu
     ({"split": {"folds": [0, 2]}}, "error: split.folds = [0, 2]: must be the fold ids 0..k-1 in order"),
     ({"post": {"probs": "temporal"}, "predict": {"embeddings": False}},
      "error: post.probs = 'temporal' needs predict.embeddings: true"),
-    ({"post": {"probs": "temporal"}, "predict": {"splits": ["val"]}},
-     "error: post.probs = 'temporal' with one split needs 'train' in predict.splits"),
+    ({"post": {"probs": "temporal"}, "split": {"val_videos": ["3"]}},
+     "error: post.probs = 'temporal' with one validation video (split.val_videos = ['3']): its temporal "
+     "probabilities cannot be cross-fitted"),
     ({"model": {"source": "local-dir:/nowhere"}},
      "error: train.lr_backbone = 0.003 with the pretrained model.source 'local-dir:/nowhere'"),
     ({"train": {"samples_per_epoch": 10}}, "error: train.samples_per_epoch = 10: fewer than one batch"),

@@ -20,12 +20,14 @@ from vce.core.labels import LABELS
 from vce.eval.score import check_submission
 
 STAGES = ["train", "predict", "temporal", "thresholds", "events", "score", "report"]
+# Two validation videos of four: the temporal model learns from validation only, cross-fitted over it.
+OVERRIDES = {"split": {"val_fraction": 0.5}}
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("pipeline")
-    args = prepare_demo(tmp_path)
+    args = prepare_demo(tmp_path, **OVERRIDES)
     for name in STAGES:
         assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
     return tmp_path
@@ -75,10 +77,14 @@ def test_score_file(pipeline):
     assert train["epochs"] == 2 and np.isfinite(train["best"]["val_loss"])
 
 
-def test_temporal_probabilities_feed_thresholds_and_report(pipeline):
+def test_routed_probabilities_feed_thresholds_and_report(pipeline):
     thresholds = json.loads((pipeline / "models/thresholds.json").read_text())
     params = yaml.safe_load((pipeline / "params.yaml").read_text())
-    assert thresholds["probs"] == params["post"]["probs"] == "temporal"
+    assert thresholds["probs"] == params["post"]["probs"] == "auto"
+    route = json.loads((pipeline / "metrics/route.json").read_text())
+    assert route["reason"] is None and list(route["routes"]) == list(LABELS)
+    temporal_meta = json.loads((pipeline / "metrics/temporal.json").read_text())
+    assert temporal_meta["train_videos"] == 2 and len(temporal_meta["cross_fit"]["groups"]) == 2
     assert thresholds["method"] == params["thresholds"]["method"] == "engine" and thresholds["engine"]
     tuning = json.loads((pipeline / "metrics/thresholds.json").read_text())["tuning"]
     assert tuning["evaluations"] > 0 and "seconds" not in tuning  # git-tracked: no wall-clock field
@@ -87,6 +93,9 @@ def test_temporal_probabilities_feed_thresholds_and_report(pipeline):
     report = (pipeline / "metrics/report.md").read_text()
     score = json.loads((pipeline / "metrics/score.json").read_text())
     assert f"{score['map@0.5']:.4f}" in report
+    assert "Route per label" in report and "| label | route |" in report
+    for label, used in route["routes"].items():  # the per-class table says which route each label used
+        assert f"| {label} | {used} |" in report
     assert list((pipeline / "plots/timelines").glob("*.png"))
 
 
@@ -103,10 +112,10 @@ def test_report_writes_the_viewer_of_both_sets(pipeline):
 
 def test_two_runs_from_scratch_give_identical_results(pipeline, tmp_path):
     """Determinism: the same params on a fresh directory reproduce every number."""
-    args = prepare_demo(tmp_path)
+    args = prepare_demo(tmp_path, **OVERRIDES)
     for name in STAGES:
         assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
-    for metrics in ("score.json", "train.json", "thresholds.json", "temporal.json"):
+    for metrics in ("score.json", "train.json", "thresholds.json", "temporal.json", "route.json"):
         # Byte for byte: these are git-tracked DVC outputs, so no wall-clock field may be in them.
         assert (pipeline / "metrics" / metrics).read_text() == (tmp_path / "metrics" / metrics).read_text(), metrics
     assert pd.read_parquet(pipeline / "predict/val.parquet").equals(pd.read_parquet(tmp_path / "predict/val.parquet"))

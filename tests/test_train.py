@@ -172,3 +172,37 @@ def test_fewer_epochs_than_the_saved_run_start_fresh(demo, uninterrupted):
     assert "train.epochs is 1" in output
     metrics = json.loads((out / "train.json").read_text())
     assert metrics["epochs"] == 1 and "resuming from" not in output
+
+
+def test_freeze_backbone_trains_the_heads_only_and_the_model_predicts(demo, tmp_path):
+    """`train.freeze_backbone: true` (linear probe) through the stage: every `visual.*` weight is
+    bit-identical to the seeded initial model after an epoch of steps, the heads moved, and the
+    saved model runs through predict."""
+    from conftest import load_stage
+
+    from vce.model.frame_model import ModelParams, create_model
+    from vce.model.prompts import load_prompt_embeddings
+
+    demo_path, args = demo
+    params = yaml.safe_load((demo_path / "params.yaml").read_text())
+    params["train"].update(freeze_backbone=True, epochs=1)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    argv = train_argv(args, tmp_path)
+    argv[argv.index("--params") + 1] = str(tmp_path / "params.yaml")
+    assert load_stage("train").main(argv) == 0
+    torch.manual_seed(params["base"]["seed"])  # the stage's initial model
+    prompts = load_prompt_embeddings(argv[argv.index("--prompts") + 1])
+    initial = create_model(from_dict(ModelParams, params["model"], "model"), prompts).state_dict()
+    trained = checkpoint.load(tmp_path / "model.pt")["state_dict"]
+    backbone = [name for name in initial if name.startswith("visual.")]
+    heads = [name for name in initial if not name.startswith("visual.") and initial[name].is_floating_point()]
+    assert backbone and heads
+    assert all(torch.equal(initial[name], trained[name]) for name in backbone)
+    assert any(not torch.equal(initial[name], trained[name]) for name in heads)
+    assert json.loads((tmp_path / "train.json").read_text())["final"]["lr_backbone"] == 0.0
+    predict = list(args["predict"])
+    for flag, value in (("--model", tmp_path / "model.pt"), ("--out-dir", tmp_path / "predict"),
+                        ("--report", tmp_path / "predict.json"), ("--params", tmp_path / "params.yaml")):
+        predict[predict.index(flag) + 1] = str(value)
+    assert load_stage("predict").main(predict) == 0
+    assert len(pd.read_parquet(tmp_path / "predict" / "val.parquet")) > 0

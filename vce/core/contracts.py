@@ -8,7 +8,7 @@ to a format is made in one place and every reader sees it:
   index and the held-out labelled videos;
 - probabilities (`data/predict/<split>.parquet`, `data/temporal/<split>.parquet`):
   `probs_schema()`, written by `write_probs`; `post.probs` picks which one later stages read
-  (`probs_file`);
+  (`probs_file`; `auto` reads data/temporal, which then holds each label's routed probabilities);
 - embeddings (`data/predict/<split>_embeddings.parquet`): `embeddings_schema(dim)`.
 
 This module needs neither torch nor torchvision: post-processing and scoring import it.
@@ -27,7 +27,7 @@ from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS
 
-PROBS_SOURCES = ("frame", "temporal")  # which probabilities feed thresholds and events
+PROBS_SOURCES = ("frame", "temporal", "auto")  # which probabilities feed thresholds and events
 
 
 KEYS = ("video_id", "frame")  # one row per frame of a video in every frame table
@@ -153,11 +153,12 @@ def write_probs(path: str | Path, table: pd.DataFrame) -> None:
 
 def temporal_probs(source: str) -> bool:
     """Whether the probabilities `source` names (`post.probs`, or the `probs` a thresholds.json
-    was tuned on) are the temporal model's refined ones (`data/temporal`) rather than the frame
-    model's (`data/predict`); an unknown source is an error."""
+    was tuned on) are the temporal stage's (`data/temporal`: the temporal model's refined ones, or
+    for `auto` each label's routed ones, `vce.infer.route`) rather than the frame model's
+    (`data/predict`); an unknown source is an error."""
     if source not in PROBS_SOURCES:
         raise DataError(f"unknown probabilities source {source!r}; allowed: {list(PROBS_SOURCES)}")
-    return source == "temporal"
+    return source in ("temporal", "auto")
 
 
 def probs_file(source: str, split: str, predict_dir: str | Path, temporal_dir: str | Path) -> Path:

@@ -94,9 +94,9 @@ class BaseParams(Section):
 
 
 class PostParams(Section):
-    """`post`: which probabilities feed thresholds, events and report."""
+    """`post`: which probabilities feed thresholds, events and report (auto: per label, `vce.infer.route`)."""
 
-    probs: typing.Literal["frame", "temporal"]
+    probs: typing.Literal["frame", "temporal", "auto"]
 
 
 class ScoreParams(Section):

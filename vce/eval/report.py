@@ -144,15 +144,27 @@ def _overall_section(results: list[SetResult], frame_result: dict) -> list[str]:
     return parts + [""]
 
 
-def _events_section(saved: dict, probs_source: str, configured_events: dict | None) -> list[str]:
+def _route_line(route: dict | None) -> list[str]:
+    """How many labels used each route (metrics/route.json) and why; the per-class table has each label's."""
+    if not route:
+        return []
+    counts = ", ".join(f"{name} {n}" for name, n in route.get("counts", {}).items())
+    why = f" {route['reason']}." if route.get("reason") else f" Chosen per label on {route.get('evidence')}."
+    return [f"- **Route per label** (`metrics/route.json`, column *route* of the per-class table): {counts}.{why}"]
+
+
+def _events_section(saved: dict, probs_source: str, configured_events: dict | None,
+                    route: dict | None = None) -> list[str]:
     """Which probabilities and which (tuned) knobs made the events, from models/thresholds.json."""
     tuned_on = saved.get("probs")
     parts = [
         "## How the events were made", "",
         f"- **Probabilities**: `{probs_source}` (`post.probs`: `frame` = the image model, `data/predict/`; "
-        "`temporal` = the temporal model over frame embeddings, `data/temporal/`)"
+        "`temporal` = the temporal model over frame embeddings, cross-fitted, `data/temporal/`; `auto` = per "
+        "label frame, temporal or their mean (blend), whichever ranks the cross-fitted validation frames best)"
         + ("." if tuned_on in (None, probs_source) else
            f". **Mismatch**: the thresholds were tuned on `{tuned_on}` probabilities: rerun the thresholds stage."),
+        *_route_line(route),
         f"- **Thresholds**: method `{saved.get('method', '?')}` (`thresholds.method`), one per label in the "
         "per-class table; a frame fires a label when its probability reaches the label's threshold.",
     ]
@@ -208,18 +220,21 @@ def label_counts(result: SetResult) -> dict[str, dict]:
     return counts
 
 
-def _per_class_section(table: pd.DataFrame, counts: dict) -> list[str]:
-    rows = [[row["label"], _number(row["support"]), _number(row["ap"]), _number(row["auc"]),
+def _per_class_section(table: pd.DataFrame, counts: dict, route: dict | None = None) -> list[str]:
+    routes = (route or {}).get("routes", {})
+    rows = [[row["label"], routes.get(row["label"], "–"), _number(row["support"]),
+             _number(row["ap"]), _number(row["auc"]),
              _threshold_text(row["threshold"]), _number(row["f1"]), str(row["gt_runs"]), str(row["gt_events"]),
              str(row["pred_events"]), _number(row["tap@0.5"]), _number(row["tap@0.95"])]
             for row in table.to_dict("records")]
     parts = [
         "## Per class (validation)", "",
+        "Route: the probabilities the label used (frame, temporal, blend = their mean). "
         "Support: positive validation frames. AP, AUC, F1: frame level (F1 at the threshold). GT runs: "
         "contiguous stretches of the label; GT events: the ground-truth events the metric scores. "
         "tAP: temporal AP averaged over the validation videos (a label absent from a video and never "
         "predicted there scores 1).", "",
-        _table(["label", "support", "AP", "AUC", "threshold", "F1", "GT runs", "GT events", "predicted events",
+        _table(["label", "route", "support", "AP", "AUC", "threshold", "F1", "GT runs", "GT events", "predicted events",
                 "tAP@0.5", "tAP@0.95"], rows), "",
         "**Why a label can rank frames perfectly and still score tAP@0.95 = 0.** The ground truth starts a new "
         "event whenever the *set* of active labels changes, so a region with findings inside (a bleeding in "
@@ -239,7 +254,7 @@ def _per_class_section(table: pd.DataFrame, counts: dict) -> list[str]:
 
 
 def render_markdown(results: list[SetResult], table: pd.DataFrame, frame_result: dict, saved_thresholds: dict,
-                    probs_source: str, configured_events: dict | None, timelines: dict) -> str:
+                    probs_source: str, configured_events: dict | None, timelines: dict, route: dict | None = None) -> str:
     """The report text; `timelines` maps (set name, video id) -> image link relative to the report."""
     validation = results[0]
     parts = [
@@ -251,9 +266,9 @@ def render_markdown(results: list[SetResult], table: pd.DataFrame, frame_result:
            "; no test score (no `score.test_gt`, no `split.test_videos`)."),
         "",
         *_overall_section(results, frame_result),
-        *_events_section(saved_thresholds, probs_source, configured_events),
+        *_events_section(saved_thresholds, probs_source, configured_events, route),
         *_per_video_section(results, timelines),
-        *_per_class_section(table, label_counts(validation)),
+        *_per_class_section(table, label_counts(validation), route),
         "## Event timelines",
         "",
         "One row per label (threshold beside the name; `off` never fires). In each row: the ground-truth "
@@ -335,6 +350,7 @@ def write_report(
     params: ReportParams,
     plots_dir,
     report_path,
+    route: dict | None = None,
 ) -> list[SetResult]:
     """Write the curves, the tables, the timelines and the report; return each set's scores.
 
@@ -342,7 +358,8 @@ def write_report(
     metrics and curves); sets: validation first, then test when its ground truth is known;
     saved_thresholds: models/thresholds.json; configured_events: params.yaml `events` (to mark
     the tuned knobs). Writes under `plots_dir`: pr.csv, roc.csv, per_class.csv, temporal_ap.csv,
-    per_video.csv, per_video_bars.csv, timelines/<set>_<video_id>.png; and `report_path`.
+    per_video.csv, per_video_bars.csv, timelines/<set>_<video_id>.png; and `report_path`. route:
+    metrics/route.json (each label's route, shown in the per-class table), None when unknown.
     """
     plots_dir, report_path = Path(plots_dir), Path(report_path)
     thresholds = saved_thresholds["thresholds"]
@@ -371,5 +388,5 @@ def write_report(
     # 3. Timelines, then the markdown report.
     timelines = _draw_timelines(results, thresholds, params, plots_dir, report_path)
     write_text(report_path, render_markdown(results, table, frame_result, saved_thresholds, probs_source,
-                                            configured_events, timelines))
+                                            configured_events, timelines, route))
     return results

@@ -8,9 +8,9 @@ EXAM_FOLDER holds one video's frames named like the RARE-VISION test set (`frame
 its folder name is the video id. Every model in `--models` (default: every
 `models/folds/*/model.pt`) predicts every frame; their probabilities are fused with the
 ensemble stage's weights (`--ensemble`, when it names as many folds; else the mean); the
-temporal model refines them when `models/thresholds.json` was tuned on temporal
-probabilities; then what the thresholds stage fitted (the score engine, or thresholds and
-event post-processing) turns them into events, as the events stage does. Writes the official submission JSON (one video) to `--out`.
+temporal model refines them when `models/thresholds.json` was tuned on temporal or auto
+probabilities (auto: per label, as `models/temporal.pt` records the routes, `vce.infer.route`);
+then what the thresholds stage fitted (the score engine, or thresholds and event post-processing) turns them into events, as the events stage does. Writes the official submission JSON (one video) to `--out`.
 
     --clinical-out clinical.json   also the clinical list (the engine: one event per run; else the same events)
     --viewer-dir exam_viewer/      also the offline HTML viewer of the exam (`vce.viewer.build`; no ground truth,
@@ -39,7 +39,16 @@ from vce.data.index import DataParams, index_test_video
 from vce.eval.report import ReportParams
 from vce.infer.ensemble import fuse, fuse_embeddings
 from vce.infer.predict import PredictParams, predict_frames
-from vce.infer.temporal import align, build_sequences, load_temporal, probs_frame, read_embeddings, refine
+from vce.infer.route import fixed_routes, mix
+from vce.infer.temporal import (
+    align,
+    build_sequences,
+    load_routes,
+    load_temporal,
+    probs_frame,
+    read_embeddings,
+    refine,
+)
 from vce.model import checkpoint
 from vce.model.device import resolve_device
 from vce.post.engine import Engine, engine_submission
@@ -82,6 +91,24 @@ def fusion_weights(path: Path, n_models: int) -> np.ndarray:
     return np.full((n_models, len(LABELS)), 1.0 / n_models)
 
 
+def temporal_route(source: str, temporal_path: Path, thresholds_path: Path):
+    """(temporal model or None, per-label routes) for the probabilities the thresholds were tuned on:
+    `frame` none; `temporal` every label; `auto` the routes the temporal stage chose (its model only
+    when a label uses it)."""
+    if not temporal_probs(source):
+        return None, fixed_routes("frame")
+    routes = fixed_routes("temporal") if source == "temporal" else load_routes(temporal_path)
+    if routes is None:
+        raise DataError(f"{temporal_path} records no per-label routes (post.probs: auto): rerun the temporal stage")
+    if all(route == "frame" for route in routes.values()):
+        return None, routes
+    temporal = load_temporal(temporal_path)
+    if temporal is None:
+        raise DataError(f"{thresholds_path} was tuned on {source} probabilities but {temporal_path} "
+                        "holds no trained temporal model")
+    return temporal, routes
+
+
 def load_tuned(path: Path) -> tuple[dict, dict | None, str, Engine | None]:
     try:
         saved = json.loads(path.read_text())
@@ -111,12 +138,7 @@ def main(argv=None) -> int:
     models = args.models or sorted(str(p) for p in Path("models/folds").glob("*/model.pt"))
     if not models:
         raise DataError("no models: pass --models or train the pipeline (models/folds/<k>/model.pt)")
-    temporal = None
-    if temporal_probs(source):
-        temporal = load_temporal(args.temporal)
-        if temporal is None:
-            raise DataError(f"{args.thresholds} was tuned on temporal probabilities but {args.temporal} "
-                            "holds no trained temporal model")
+    temporal, routes = temporal_route(source, Path(args.temporal), Path(args.thresholds))
     folder = Path(args.exam)
     frames = exam_frames(folder, data)
     device = resolve_device(predict_params.device)
@@ -136,7 +158,8 @@ def main(argv=None) -> int:
             rows, embeddings = read_embeddings(tmp / "fused_embeddings.parquet")
             valid = align(rows, probs, ["valid"], "the fused probabilities")["valid"].to_numpy(bool)
             seq = build_sequences(rows, embeddings, valid)
-            probs = probs_frame(seq, refine(temporal.to(device), seq, device))
+            frame = align(rows, probs, list(LABELS), "the fused probabilities").to_numpy("float32")
+            probs = probs_frame(seq, mix(frame, refine(temporal.to(device), seq, device), routes))
     joined, _ = join_probs(probs, frames)
     if engine is not None:  # thresholds.method engine: the metric-optimal submission, as the events stage writes
         submission, clinical = engine_submission(joined, engine)

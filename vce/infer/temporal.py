@@ -57,6 +57,7 @@ class TemporalParams(Section):
     lr: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     device: Literal["auto", "cpu", "cuda"]
+    cross_fit: int = Field(ge=2)
 
 
 # ----------------------------------------------------------------------------- data
@@ -231,13 +232,21 @@ def probs_frame(seq: Sequences, probs: np.ndarray) -> pd.DataFrame:
     return table
 
 
-def save_temporal(path, model: TemporalConvNet | None, params: TemporalParams) -> None:
-    """The trained sequence model (or, when the stage is disabled, a file that says so)."""
+def save_temporal(path, model: TemporalConvNet | None, params: TemporalParams, routes: dict[str, str]) -> None:
+    """The trained sequence model (or, when there is none, a file that says so) and each label's
+    route (`vce.infer.route`: what `post.probs: auto` chose; detect mixes the same way)."""
     from vce.model.checkpoint import save
 
     state = None if model is None else {k: v.detach().cpu() for k, v in model.state_dict().items()}
     save(path, {"enabled": model is not None, "params": params.model_dump(), "state_dict": state,
-                "embed_dim": None if model is None else int(model.mean.numel())})
+                "embed_dim": None if model is None else int(model.mean.numel()), "routes": dict(routes)})
+
+
+def load_routes(path) -> dict[str, str] | None:
+    """The per-label routes `save_temporal` recorded (None in a file written before routes)."""
+    from vce.model.checkpoint import load
+
+    return load(path).get("routes")
 
 
 def load_temporal(path) -> TemporalConvNet | None:

@@ -40,6 +40,7 @@ class TrainParams(Section):
     batch_size: int = Field(ge=1)
     lr_head: float = Field(gt=0)
     lr_backbone: float = Field(gt=0)
+    freeze_backbone: bool
     weight_decay: float = Field(ge=0)
     pct_start: float = Field(gt=0, lt=1)
     final_div_factor: float = Field(gt=0)
@@ -70,12 +71,19 @@ def check_learning_rates(params: TrainParams, source: str) -> None:
     BiomedCLIP: switching only `model.source` would wash the pretrained weights out silently.
     """
     pretrained = source.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX))
-    if pretrained and params.lr_backbone > MAX_PRETRAINED_LR and not params.allow_high_lr:
+    if pretrained and not params.freeze_backbone and params.lr_backbone > MAX_PRETRAINED_LR and not params.allow_high_lr:
         raise ParamsError(
             f"train.lr_backbone = {params.lr_backbone:g} with the pretrained model.source {source!r}: above "
             f"{MAX_PRETRAINED_LR:g}, a from-scratch rate (the seed fine-tuned at 9e-5). Use the seed recipe "
             "(dvc exp run $(python -m vce.core.recipe seed)), lower train.lr_backbone, or set "
             "train.allow_high_lr: true")
+
+
+def freeze_backbone(model) -> None:
+    """Linear probe: the image tower (`visual.*`, what `param_groups` calls the backbone) is frozen,
+    only the heads learn from its features; the standard first run with a pretrained model."""
+    for param in model.visual.parameters():
+        param.requires_grad_(False)
 
 
 def step_seed(seed: int, epoch: int, step: int) -> int:
@@ -138,6 +146,8 @@ class Trainer:
         self.device = resolve_device(params.device)
         self.ddp = setup_distributed(self.device)
         self.model = model.to(self.device)
+        if params.freeze_backbone:  # before the optimiser and DDP: they then hold the heads only
+            freeze_backbone(self.model)
         self.loss_fn = loss_fn.to(self.device)
         self.ema = ModelEmaV3(self.model, decay=params.ema_decay, use_warmup=params.ema_warmup)
         self.net = self.model
@@ -249,6 +259,8 @@ class Trainer:
         images, targets = mixup(images, targets, self.params.mixup_alpha, seed)
         torch.manual_seed(seed)  # dropout and any other draw of this step
         self.net.train()
+        if self.params.freeze_backbone:  # frozen features as at inference: no dropout or drop path in the tower
+            self.model.visual.eval()
         with autocast(self.device, self.params.bf16):
             outputs = self.net(images)
         loss, _ = self.loss_fn(_float(outputs), targets)
@@ -317,8 +329,8 @@ class Trainer:
 
 
     def current_lr(self, part: str) -> float:
-        """Learning rate of the model's `part` ("backbone" or "head") param group now."""
-        return float(next(g["lr"] for g in self.optimizer.param_groups if g.get("name") == part))
+        """Learning rate of the model's `part` ("backbone" or "head") param group now (0: frozen, no group)."""
+        return float(next((g["lr"] for g in self.optimizer.param_groups if g.get("name") == part), 0.0))
 
 
 def epoch_line(record: dict, epochs: int, best: bool) -> str:
