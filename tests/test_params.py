@@ -415,7 +415,8 @@ def test_yaml_edge_cases_are_one_line_naming_the_file_or_key(tmp_path, edit, mes
 def test_yaml_merge_keys_are_accepted_and_explicit_keys_override_them(tmp_path):
     """`<<: *anchor` was rejected as invalid YAML by the duplicate-key loader."""
     text = (ROOT / "params.yaml").read_text()
-    text = text.replace(_BASE_LINE, "base: &shared\n  seed: 7\n")
+    exact_line = next(line for line in text.splitlines(keepends=True) if line.startswith("  exact_cpu:"))
+    text = text.replace(_BASE_LINE + exact_line, "base:\n  exact_cpu: true\n  <<: &shared {seed: 7}\n")
     text = text.replace("demo:                           # the embedded demo dataset", "demo:\n  <<: *shared  #", 1)
     text = text.replace("  seed: 42                      # generator seed: same seed, same bytes\n", "", 1)
     params = load_params(_params_text(tmp_path, text))

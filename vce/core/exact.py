@@ -11,7 +11,7 @@ thread:
 
 - ATen (torch's CPU kernels): `ATEN_CPU_CAPABILITY=default` (no AVX2/AVX-512 dispatch);
 - MKL (torch's matmul): conditional numerical reproducibility, `MKL_CBWR=COMPATIBLE`;
-- oneDNN (torch's convolutions): off (`configure_torch`, when `vce.model` is imported; capped at
+- oneDNN (torch's convolutions): off (`vce.model.configure_torch`, when `vce.model` is imported; capped at
   SSE4.1 besides), since its blocking follows the CPU's cache sizes;
 - numpy's own SIMD loops: `NPY_DISABLE_CPU_FEATURES` lists every dispatched feature;
 - OpenBLAS (numpy and scipy): one generic core type, `OPENBLAS_CORETYPE=Prescott`;
@@ -94,12 +94,3 @@ def reexec_if_wanted(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], exact_env(dict(os.environ)))
 
-
-def configure_torch() -> None:
-    """In a re-executed exact process: torch without oneDNN, one intra-op thread. Else nothing."""
-    if os.environ.get(MARKER) != "1":
-        return
-    import torch
-
-    torch.backends.mkldnn.enabled = False
-    torch.set_num_threads(1)

@@ -140,7 +140,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
-    """The whole file as a dict, after the root check (known sections, all present, no repeats)."""
+    """The whole file as a dict, after the root check (known sections, all present, no repeats)
+    and the `base` section's, which every stage shares."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
@@ -161,6 +162,8 @@ def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
     missing = [key for key in sections if key not in params]
     if missing:
         raise ParamsError(f"{path}: missing section '{missing[0]}'")
+    if "base" in sections:  # what every stage shares (the seed, the numerics every stage runs under)
+        from_dict(BaseParams, params["base"], "base")
     return params
 
 
