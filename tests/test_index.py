@@ -474,3 +474,18 @@ def test_frame_files_by_content_jpeg_kept_non_image_and_oversized_dropped(tmp_pa
     # The limit is a knob: at 4e9 pixels the 60000² header passes the index (decode time decides).
     frames, _, _ = build_index(params(tmp_path, max_frame_pixels=4 * 10**9))
     assert 15 in frames["frame"].tolist()
+
+
+def test_metadata_missing_a_video_or_listing_an_unknown_one_is_a_warning_naming_it(tmp_path, galar):
+    root = tmp_path / "galar"
+    _, _, report = build_index(params(tmp_path))
+    assert not {"metadata_missing_video", "metadata_unknown_video"} & set(warnings_of(report))  # full coverage
+    pd.DataFrame({"video_id": [1, 2, 11, 77], "capsule": ["Olympus", "PillCam SB3", "PillCam SB3", "Olympus"]}
+                 ).to_csv(root / "metadata.csv", index=False)
+    frames, _, report = build_index(params(tmp_path))
+    warnings = warnings_of(report)
+    assert warnings["metadata_missing_video"]["count"] == 1
+    assert "no row for video 40" in warnings["metadata_missing_video"]["examples"][0]
+    assert warnings["metadata_unknown_video"]["count"] == 1
+    assert "lists video 77" in warnings["metadata_unknown_video"]["examples"][0]
+    assert frames.loc[frames["video_id"] == "40", "capsule"].eq("").all()

@@ -89,6 +89,8 @@ WARNING_KINDS = {
     "index_not_increasing": "the CSV's index does not increase with frame",
     "ignored_file": "file in a video folder that is not a frame",
     "metadata": "metadata.csv missing or without a capsule column: capsule left empty",
+    "metadata_missing_video": "an indexed video metadata.csv does not list: its capsule left empty",
+    "metadata_unknown_video": "metadata.csv lists a video the index does not hold (typo, or another copy's file)",
     "test_video_without_list": "test video with no frame-list CSV",
     "test_frame_not_listed": "test frame on disk, not in the frame list: kept",
     "test_frame_missing_on_disk": "test frame in the frame list, no file on disk",

@@ -173,6 +173,20 @@ def read_capsules(root: Path, cfg: DataParams, report: IndexReport) -> dict[str,
     return {str(int(i)): c.strip() for i, c in zip(ids, table[capsule]) if isinstance(i, str)}
 
 
+def check_capsule_coverage(capsules: dict[str, str], videos: list[str], cfg: DataParams,
+                           report: IndexReport) -> None:
+    """Warn for each indexed video metadata.csv does not list (capsule left empty: a per-device
+    analysis would silently lose it) and each listed video the index does not hold (a typo, or a
+    metadata file of another copy)."""
+    if not capsules:
+        return  # no metadata, or none readable: read_capsules said so
+    known = set(videos)
+    report.warn("metadata_missing_video", [f"{cfg.metadata}: no row for video {v} (data.metadata); capsule left empty"
+                                           for v in videos if v not in capsules])
+    report.warn("metadata_unknown_video", [f"{cfg.metadata}: lists video {v}, which the index does not hold"
+                                           for v in sorted(set(capsules) - known, key=int)])
+
+
 # ---------------------------------------------------------------- Galar layout
 
 def index_galar_video(video_id: str, folder: Path, csv: Path, root: Path, capsule: str,
@@ -271,6 +285,7 @@ def index_galar(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
             f"1/ or recording_1/, possibly inside Galar_Frames_*/, and {labels_dir}/<id>.csv)")
     frames = pd.concat(tables, ignore_index=True).sort_values(["video_id", "frame"],
                                                               ignore_index=True)
+    check_capsule_coverage(capsules, sorted(frames["video_id"].unique(), key=int), cfg, report)
     report.layouts["galar"] = {
         "root": cfg.root, "labels_dir": cfg.labels_dir,
         "videos": int(frames["video_id"].nunique()), "frames": len(frames),
