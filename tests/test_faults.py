@@ -67,7 +67,7 @@ def events_args(folder: Path) -> list[str]:
     return ["--params", str(ROOT / "params.yaml"), "--thresholds", str(folder / "thresholds.json"),
             "--val-probs", str(folder / "val.parquet"), "--test-probs", str(folder / "test.parquet"),
             "--frames", str(folder / "frames.parquet"), "--test-frames", str(folder / "test_frames.parquet"),
-            "--out-dir", str(folder / "events")]
+            "--held-out", "", "--out-dir", str(folder / "events")]
 
 
 def run_stage(name: str, args: list[str]) -> subprocess.CompletedProcess:
@@ -490,7 +490,7 @@ def test_predict_outputs_are_all_or_nothing_under_a_full_disk(tmp_path, monkeypa
     (tmp_path / "params.yaml").write_text(json.dumps(params))
     (tmp_path / "out").mkdir()
     args = ["--params", str(tmp_path / "params.yaml"), "--part", "all", "--model", str(tmp_path / "model.pt"),
-            "--frames", str(tmp_path / "split.parquet"), "--test", str(tmp_path / "test.parquet"),
+            "--frames", str(tmp_path / "split.parquet"), "--test", str(tmp_path / "test.parquet"), "--held-out", "",
             "--cache", str(tmp_path / "no_cache"), "--out-dir", str(tmp_path / "out/predict"),
             "--report", str(tmp_path / "out/predict.json")]
 
