@@ -199,19 +199,19 @@ def test_one_split_keeps_the_single_model_layout(tmp_path):
     split = pd.read_parquet(tmp_path / "split/frames.parquet")
     assert set(split.loc[split["split"] == "val", "fold"]) == {0} and set(split.loc[split["split"] == "train", "fold"]) == {-1}
     assert pd.read_parquet(tmp_path / "ensemble/frames.parquet").equals(split)
-    for name in ("val", "train", "test"):  # the fold-0 model's files, as predict wrote them before folds
+    for name in ("val", "test"):  # the fold-0 model's files, as predict wrote them before folds
         source = tmp_path / ("predict_test" if name == "test" else "predict") / f"fold_0/{name}.parquet"
         assert pd.read_parquet(tmp_path / f"ensemble/{name}.parquet").equals(pd.read_parquet(source)), name
-    assert set(pd.read_parquet(tmp_path / "ensemble/train.parquet")["video_id"]) == set(
-        split.loc[split["split"] == "train", "video_id"])
-    # the default `--part all` writes all three into one folder, as the pipeline did before folds
+    # predict.splits is [val]: the frame model's in-sample training probabilities are not predicted
+    assert not (tmp_path / "ensemble/train.parquet").exists()
+    # the default `--part all` writes both into one folder, as the pipeline did before folds
     argv = fold_argv(args, tmp_path, 0)["predict"]
     argv = [a for a in argv if a not in ("--part", "labelled")]
     argv[argv.index("--out-dir") + 1] = str(tmp_path / "all")
     argv += ["--test", str(tmp_path / "index/test.parquet"), "--held-out", str(tmp_path / "split/test.parquet")]
     assert load_stage("predict").main(argv) == 0
     assert {p.name for p in (tmp_path / "all").glob("*.parquet")} == {
-        f"{s}{e}.parquet" for s in ("train", "val", "test") for e in ("", "_embeddings")}
+        f"{s}{e}.parquet" for s in ("val", "test") for e in ("", "_embeddings")}
 
 
 def test_folds_is_the_one_fold_key_and_must_be_0_to_k_minus_1():
