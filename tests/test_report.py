@@ -356,7 +356,7 @@ def test_stage_main_writes_validation_and_test(tmp_path):
             "--test-events", str(tmp_path / "submission.json"),
             "--plots-dir", str(tmp_path / "plots"), "--report", str(tmp_path / "report.md"),
             "--clinical-events", str(tmp_path / "events.json"), "--test-clinical-events", str(tmp_path / "submission.json"),
-            "--viewer-dir", str(tmp_path / "viewer")]
+            "--viewer-dir", str(tmp_path / "viewer"), "--held-out", "", "--route", str(tmp_path / "no_route.json")]
     assert stage.main(argv) == 0
     text = (tmp_path / "report.md").read_text()
     assert _markdown_rows(text, "validation (tuned on it: optimistic)")[0][2:5] == ["1.0000", "1.0000", f"{14 / 17:.4f}"]
