@@ -18,7 +18,6 @@ Two demo test videos are noise: read the spread, not one run. `--tiny` (4 short 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
@@ -27,29 +26,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+# One stage runner and one `section.key=value` parser for the benches (stage logs go to stderr).
+from bench.real_pixels import set_value, stage
+
 ROOT = Path(__file__).resolve().parents[1]
 ROUTES = ("frame", "auto")
 TINY = ["demo.n_videos=4", "demo.frames_per_video=240", "demo.n_test_videos=1", "demo.test_frames_per_video=120",
         "split.val_fraction=0.5", "train.epochs=1", "train.batch_size=32", "train.samples_per_epoch=256",
         "temporal.steps=20", "temporal.chunk_frames=64"]
-
-
-def set_value(params: dict, assignment: str) -> None:
-    """Apply `section.key[.sub]=value` (value parsed as YAML) to the params dict."""
-    key, _, text = assignment.partition("=")
-    *parents, leaf = key.split(".")
-    node = params
-    for part in parents:
-        node = node[part]
-    if leaf not in node:
-        raise SystemExit(f"--set {assignment}: unknown key {key}")
-    node[leaf] = yaml.safe_load(text)
-
-
-def stage(name: str, argv: list[str]) -> None:
-    code = importlib.import_module(f"stages.{name}").main(argv)
-    if code != 0:
-        raise SystemExit(f"stage {name} exited {code}")
 
 
 def write_params(work: Path, seed: int, source: str, assignments: list[str]) -> Path:
