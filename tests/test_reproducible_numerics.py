@@ -21,7 +21,9 @@ from conftest import ROOT, prepare_demo
 
 from vce.core import exact
 
-# Two "machines": the widest kernels this CPU offers with two threads, and SSE-only with one.
+# Two "machines": the widest kernels this CPU offers with two threads, and SSE-only with one. The
+# switch pins AVX2 over both, so the second stands for what a machine's environment may ask, not
+# for a CPU without AVX2 (that one is warned: test_a_cpu_without_the_pinned_kernels_…).
 WIDE = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2"}
 NARROW = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1",
@@ -107,15 +109,35 @@ def probe(tmp_path: Path, exact_cpu, *extra: str) -> dict:
     return json.loads(run.stdout)
 
 
-def test_a_stage_reexecutes_with_baseline_kernels_and_one_thread(tmp_path):
+def test_a_stage_reexecutes_with_avx2_kernels_and_one_thread(tmp_path):
     seen = probe(tmp_path, True, "--x", "a b")
-    assert seen == {"aten": "DEFAULT", "threads": 1, "marker": "1", "numpy_v3": False, "onednn": False, "argv": [
+    assert seen == {"aten": "AVX2", "threads": 1, "marker": "1", "numpy_v3": False, "onednn": False, "argv": [
         "--params", str(tmp_path / "p.yaml"), "--x", "a b"]}
 
 
 def test_without_the_switch_a_stage_keeps_the_machines_kernels(tmp_path):
     seen = probe(tmp_path, False)
-    assert seen["marker"] is None and seen["threads"] == 2 and seen["aten"] != "DEFAULT" and seen["onednn"]
+    assert seen["marker"] is None and seen["threads"] == 2 and seen["onednn"]
+
+
+def test_a_cpu_without_the_pinned_kernels_is_told_its_bytes_will_differ(monkeypatch, caplog):
+    import torch
+
+    import vce.model
+
+    monkeypatch.setenv(exact.MARKER, "1")
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    threads = torch.get_num_threads()
+    try:
+        for capability, warned in (("DEFAULT", True), ("AVX512", True), ("AVX2", False)):
+            monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+            caplog.clear()
+            vce.model.configure_torch()
+            assert torch.get_num_threads() == 1 and not torch.backends.mkldnn.enabled
+            message = f"this CPU runs torch's {capability} kernels, not AVX2: its results will differ from dvc.lock's"
+            assert (message in caplog.text) is warned, caplog.text
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_only_true_switches_it_on_and_a_broken_params_file_is_left_to_the_stage(tmp_path):
