@@ -206,3 +206,29 @@ def test_freeze_backbone_trains_the_heads_only_and_the_model_predicts(demo, tmp_
         predict[predict.index(flag) + 1] = str(value)
     assert load_stage("predict").main(predict) == 0
     assert len(pd.read_parquet(tmp_path / "predict" / "val.parquet")) > 0
+
+
+def test_a_state_resumes_only_under_the_same_source_torch_and_numerics(tmp_path, monkeypatch):
+    """A finished run in models/train_state once outlived a change of the exact-CPU kernels and was
+    handed back as the new run's model (the fresh clone then trained another one)."""
+    from vce.core.exact import MARKER, SETTINGS
+
+    package = tmp_path / "vce"
+    (package / "model").mkdir(parents=True)
+    (package / "model" / "a.py").write_text("x = 1\n")
+    monkeypatch.delenv(MARKER, raising=False)
+    first = checkpoint.run_environment(package)
+    assert first == checkpoint.run_environment(package) and first["exact_cpu"] is None
+    (package / "model" / "a.py").write_text("x = 2\n")
+    assert checkpoint.run_environment(package)["source"] != first["source"]
+    (package / "model" / "a.py").write_text("x = 1\n")
+    (package / "b.py").write_text("")
+    assert checkpoint.run_environment(package)["source"] != first["source"], "a new file is another source"
+    monkeypatch.setenv(MARKER, "1")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", SETTINGS["ATEN_CPU_CAPABILITY"])
+    pinned = checkpoint.run_environment(package)["exact_cpu"]
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert checkpoint.run_environment(package)["exact_cpu"] != pinned
+    fingerprint = checkpoint.fingerprint("params")
+    monkeypatch.setattr(checkpoint, "run_environment", lambda: {"source": "other"})
+    assert checkpoint.fingerprint("params") != fingerprint

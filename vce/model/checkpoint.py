@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import torch
 from vce.core.errors import DataError
 from vce.core.io import atomic_path
 from vce.core.labels import LABELS
+
+PACKAGE = Path(__file__).resolve().parents[1]  # the vce package, whose source a resumed run must share
 
 
 def save(path, payload: dict) -> None:
@@ -100,6 +103,21 @@ def load_model(path, device="cpu"):
 
 
 def fingerprint(*parts) -> str:
-    """Stable hash of JSON-able parts: a checkpoint resumes only the run that wrote it."""
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """Stable hash of JSON-able parts and of what else decides the numbers (`run_environment`):
+    a checkpoint resumes only the run that wrote it."""
+    text = json.dumps([parts, run_environment()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_environment(package: Path = PACKAGE) -> dict:
+    """What a resumed run must share with the one that wrote the state besides its params: the
+    package's source (a changed loss or model would continue another run's weights), torch's
+    version and the CPU numerics settings (`base.exact_cpu`). Without it, a finished run in the
+    scratch state folder outlives a code change and is handed back as the new run's model."""
+    from vce.core.exact import MARKER, SETTINGS
+
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    exact = {key: os.environ.get(key) for key in SETTINGS} if os.environ.get(MARKER) == "1" else None
+    return {"source": digest.hexdigest(), "torch": torch.__version__, "exact_cpu": exact}
