@@ -5,12 +5,13 @@ right shape), and times forward + backward + AdamW on one batch of `train.batch_
 64-pixel frames, in a fresh process per setting:
 
 - `native`: this machine's kernels and thread count (`base.exact_cpu: false`);
+- `native_1_thread`: the same on one thread (the kernels' cost alone, also on a loaded machine);
 - `exact`: the switch's settings (`vce.core.exact.SETTINGS`: AVX2 kernels pinned, one thread);
 - `baseline`: the same with ATen's and MKL's baseline (SSE2) paths instead of AVX2, the switch's
   first version.
 
-Prints one JSON object: median seconds per step over `--repeats` rounds of `--steps` steps, and
-the ratios to native. The model and batch are the demo's; the DataLoader is not in it (decode
+Prints one JSON object: median seconds per step over `--repeats` rounds of `--steps` steps, the
+ratios to native, and the load average (two threads on a busy 2-core machine are slower than one). The model and batch are the demo's; the DataLoader is not in it (decode
 workers run on the other core).
 
     python -m bench.exact_step [--steps 10] [--repeats 3]
@@ -30,6 +31,7 @@ from vce.core import exact
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "native": {},
+    "native_1_thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
     "exact": exact.exact_env({}),
     "baseline": {**exact.exact_env({}), "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
                  "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
             sys.exit(f"{name} failed:\n{run.stderr[-2000:]}")
         results[name] = json.loads(run.stdout.strip().splitlines()[-1])
     native = results["native"]["s_per_step"]
-    summary = {"cpus": os.cpu_count(), "steps": args.steps, "repeats": args.repeats, "settings": results,
+    summary = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "steps": args.steps, "repeats": args.repeats, "settings": results,
                **{f"{name}_over_native": round(r["s_per_step"] / native, 2) for name, r in results.items()
                   if name != "native"}}
     print(json.dumps(summary, indent=1))
