@@ -20,6 +20,7 @@ from vce.eval.score import THRESHOLDS, average_precisions, group_average_precisi
 from vce.post.anatomy import clipped_logits
 from vce.post.engine.calibration import logistic
 from vce.post.engine.candidates import Candidates
+from vce.post.engine.newton import newton_logistic
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.policies import RunsPolicy
 from vce.post.events import Timeline
@@ -145,12 +146,16 @@ def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
 
 def _fit_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
     mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
-    # Newton-Cholesky, not lbfgs under a thread limit: on a few dozen videos and 6 features the
-    # fit's overheads are its cost, and the engine fits this model often (docs/engine.md).
-    model = logistic((x - mean) / scale, gain > 0, sample_weight=np.abs(gain), one_thread=False,
-                      solver="newton-cholesky", max_iter=200)
-    return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
-            "intercept": float(model.intercept_[0])}
+    # sklearn's Newton-Cholesky iterations (`newton_logistic`): on a few dozen videos and 6
+    # features sklearn's overheads are the fit's cost, and the engine fits this model often
+    # (docs/engine.md); sklearn itself where it would leave Newton for L-BFGS.
+    standard, target, weight = (x - mean) / scale, gain > 0, np.abs(gain)
+    fitted = newton_logistic(standard, target, weight, max_iter=200)
+    if fitted is None:
+        model = logistic(standard, target, sample_weight=weight, one_thread=False, solver="newton-cholesky",
+                         max_iter=200)
+        fitted = model.coef_[0], float(model.intercept_[0])
+    return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": fitted[0].tolist(), "intercept": fitted[1]}
 
 
 def presence_score(inputs: np.ndarray, model: dict) -> np.ndarray:
