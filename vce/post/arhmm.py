@@ -38,7 +38,7 @@ import numpy as np
 from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
-from vce.post.runs import runs_of
+from vce.post.runs import last_axis_max, runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
 PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
@@ -293,7 +293,7 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
         return out
 
     def normalised(m: np.ndarray) -> np.ndarray:
-        return m / _last_max(m)[..., None]
+        return m / last_axis_max(m)[..., None]
 
     # 1. Each block's product, row-scaled (a row is the state the block is entered from):
     #    scale[b, i] the log of what was divided out of row i.
@@ -301,7 +301,7 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
     scale = np.zeros((blocks, n))
     for r in range(block):
         product = step(product, r)
-        top = _last_max(product)
+        top = last_axis_max(product)
         scale += np.log(top)
         product /= top[:, :, None]
     # 2. The messages at the block edges: forward into each block, backward out of it.
@@ -340,15 +340,6 @@ def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:
     out = np.empty((block, blocks, 4))
     for b in range(0, blocks, 64):
         out[:, b:b + 64] = blocked[:, b:b + 64].transpose(2, 1, 0)
-    return out
-
-
-def _last_max(m: np.ndarray) -> np.ndarray:
-    """`m.max(axis=-1)` for a short last axis (the phases), one `np.maximum` per entry: numpy's
-    reduction over an axis of 5 costs 5x the array's own passes (the same values: max is exact)."""
-    out = m[..., 0].copy()
-    for j in range(1, m.shape[-1]):
-        np.maximum(out, m[..., j], out=out)
     return out
 
 

@@ -32,6 +32,7 @@ class Candidates:
     clinical: list  # per video: the clean list, one event per run (for people and the report)
     evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
     features: dict = field(default_factory=dict)  # run labels: every video-level feature (`PRESENCE_FEATURES`)
+    spans: tuple | None = None  # `events` as arrays, when made from them: (V,) counts, (N,) starts, (N,) ends (int64)
 
 
 def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
@@ -108,13 +109,15 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     keep = rank < top_k
     kept_video, kept = video[keep], order[keep]
     bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
-    spans = list(zip(timeline.time[starts[kept]].tolist(), timeline.time[ends[kept]].tolist()))
+    span_starts, span_ends = timeline.time[starts[kept]], timeline.time[ends[kept]]
+    spans = list(zip(span_starts.tolist(), span_ends.tolist()))
     events = clinical = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
+    arrays = np.diff(bounds), span_starts, span_ends  # the scorer reads these, not the lists (`LabelObjective`)
     if alternatives is not None:
-        events = _appended(timeline, clinical, alternatives, min_length, top_k, path, regions)
+        events, arrays = _appended(timeline, clinical, alternatives, min_length, top_k, path, regions), None
     features = _run_features(timeline, k, starts[order], ends[order], video, rank, confidence[order], evidence, path,
                              shares)
-    return Candidates(events, clinical, evidence, features)
+    return Candidates(events, clinical, evidence, features, arrays)
 
 
 def _run_features(timeline: Timeline, k: int, starts: np.ndarray, ends: np.ndarray, video: np.ndarray,

@@ -77,10 +77,11 @@ class LabelObjective:
             self.gt_arrays[label] = _span_arrays(spans)
         self.evaluations = 0
 
-    def per_video(self, label: str, events: list) -> np.ndarray:
-        """(V,) objective AP of `label` per tuning video when every video emits its `events`."""
+    def per_video(self, label: str, events: list, spans: tuple | None = None) -> np.ndarray:
+        """(V,) objective AP of `label` per tuning video when every video emits its `events`
+        (`spans`: the same as `Candidates.spans` arrays, read instead of the lists)."""
         self.evaluations += 1
-        pred = _span_arrays([events[v] for v in self.scored_index])
+        pred = _span_arrays([events[v] for v in self.scored_index]) if spans is None else self._scored_spans(spans)
         truth = self.gt_arrays[label]
         aps = None if pred is None or truth is None else group_average_precisions(truth, pred, len(self.scored_index))
         if aps is None:  # spans the fast path cannot take (end < start, huge frames): the scorer's own checks
@@ -89,6 +90,14 @@ class LabelObjective:
         out = np.zeros(len(self.video_ids))
         out[self.scored] = sum(self.weights[t] * aps[t] for t in THRESHOLDS)
         return out
+
+    def _scored_spans(self, spans: tuple) -> tuple:
+        """`_span_arrays` of the scored videos' events from (V,) counts, (N,) starts, (N,) ends."""
+        counts, starts, ends = (np.asarray(a, np.int64) for a in spans)
+        keep = np.repeat(self.scored, counts)
+        if (ends[keep] < starts[keep]).any():
+            return None
+        return np.repeat(np.arange(len(self.scored_index)), counts[self.scored]), starts[keep], ends[keep]
 
     def silent(self, label: str) -> np.ndarray:
         """(V,) AP of leaving `label` out: 1 where absent, 0 where present."""
