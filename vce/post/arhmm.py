@@ -67,8 +67,12 @@ def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_
     # [1, x_t, x_{t-1}, l_{t-1}] from dot products, not the (N, 4) design itself (N ~ 2 M frames).
     columns = (np.ones(len(pairs)), on, before, logits[pairs - 1])
     target = logits[pairs]
-    gram = np.array([[np.dot(u, w) for w in columns] for u in columns])
-    coef, *_ = np.linalg.lstsq(gram, np.array([np.dot(u, target) for u in columns]), rcond=None)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # OpenBLAS's threaded dot costs ~3x the CPU here, and its bits vary with the threads
+        gram = np.array([[np.dot(u, w) for w in columns] for u in columns])
+        moments = np.array([np.dot(u, target) for u in columns])
+    coef, *_ = np.linalg.lstsq(gram, moments, rcond=None)
     a, b, g, rho = (float(c) for c in coef)
     sigma = max(float(np.std(target - a - b * on - g * before - rho * columns[3])), 1e-3)
     ends = int(((before == 1) & (on == 0)).sum())
