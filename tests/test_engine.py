@@ -460,3 +460,21 @@ def test_region_calibration_samples_each_region_equally():
     truth[timeline.observed] = regions
     _, intercept = fit_calibration(timeline, truth, n_frames=2000)
     assert np.ptp(intercept) < 1.0
+
+
+def test_gc_paused_pauses_the_collector_and_restores_its_state():
+    import gc
+
+    from vce.post.engine.candidates import gc_paused
+
+    seen = []
+    inner = gc_paused(lambda: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    inner()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        inner()
+        assert not gc.isenabled()  # a caller's own pause is left as it was
+    finally:
+        gc.enable()

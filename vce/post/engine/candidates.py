@@ -12,6 +12,8 @@ boundary (`anchored_candidates`); the mouth and the esophagus the head posterior
 
 from __future__ import annotations
 
+import functools
+import gc
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +24,26 @@ from vce.post.engine.variants import RUN, place_variant
 from vce.post.events import Timeline, smooth_runs
 from vce.post.head import head_spans
 from vce.post.runs import mean_probs, runs_of, video_of
+
+
+def gc_paused(func):
+    """`func` with Python's cyclic garbage collector paused (its previous state restored after).
+
+    The engine builds millions of small tuples, lists and dicts (every ranked event of every
+    candidate list tried, and of the submission) that hold no reference cycle; the collector
+    would otherwise traverse every live one again each few hundred allocations: 80% of the
+    time of building a submission's 0.8 M events at Galar size. Nothing is leaked: cycles made
+    meanwhile are collected once it runs again."""
+    @functools.wraps(func)
+    def paused(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return paused
 
 
 @dataclass
