@@ -68,6 +68,23 @@ def test_label_objective_scores_each_video_as_the_scorer_does(gt_spans, pred_spa
     assert result["per_video@0.5"].keys() == {"v0", "v1"}
 
 
+@settings(max_examples=100, deadline=None)
+@given(gt_spans=st.lists(spans, min_size=3, max_size=3), pred_spans=st.lists(spans, min_size=3, max_size=3))
+def test_label_objective_reads_candidate_arrays_as_it_reads_their_lists(gt_spans, pred_spans):
+    """`Candidates.spans` (counts, starts, ends) score as the event lists they hold (video 2 unscored)."""
+    label = "blood"
+    gt = {"videos": [{"video_id": f"v{i}", "events": ([{"start": 0, "end": 90, "label": ["colon"]}] if i != 1 else [])
+                      + [{"start": a, "end": b, "label": [label]} for a, b in (gt_spans[i] if i != 1 else [])]}
+                     for i in range(3)]}
+    timeline = build_timeline(pd.DataFrame({"video_id": ["v0", "v1", "v2"], "t": [0, 0, 0],
+                                            **{name: [0.5] * 3 for name in LABELS}}), "t")
+    objective = LabelObjective(timeline, gt, "mean")
+    flat = [span for video in pred_spans for span in video]
+    arrays = (np.array([len(v) for v in pred_spans]), np.array([a for a, _ in flat], np.int64),
+              np.array([b for _, b in flat], np.int64))
+    assert np.array_equal(objective.per_video(label, pred_spans, arrays), objective.per_video(label, pred_spans))
+
+
 def test_label_objective_leaves_spans_the_arrays_cannot_hold_to_the_scorers_definition():
     gt = {"videos": [{"video_id": "v0", "events": [{"start": 0, "end": 90, "label": ["colon"]},
                                                     {"start": 3, "end": 7, "label": ["blood"]}]}]}
@@ -443,3 +460,21 @@ def test_region_calibration_samples_each_region_equally():
     truth[timeline.observed] = regions
     _, intercept = fit_calibration(timeline, truth, n_frames=2000)
     assert np.ptp(intercept) < 1.0
+
+
+def test_gc_paused_pauses_the_collector_and_restores_its_state():
+    import gc
+
+    from vce.post.engine.candidates import gc_paused
+
+    seen = []
+    inner = gc_paused(lambda: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    inner()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        inner()
+        assert not gc.isenabled()  # a caller's own pause is left as it was
+    finally:
+        gc.enable()

@@ -49,8 +49,16 @@ REGION_ROWS = np.array([LABEL_INDEX[region] for region in REGIONS])
 
 def clipped_logits(probs: np.ndarray) -> np.ndarray:
     """float64 logits of probabilities clipped to [EMISSION_FLOOR, 1 - EMISSION_FLOOR] (NaN reads 0.5)."""
-    p = np.clip(np.nan_to_num(probs.astype(np.float64), nan=0.5), EMISSION_FLOOR, 1 - EMISSION_FLOOR)
-    return np.log(p) - np.log1p(-p)
+    # In place, one buffer and one temporary (the engine takes these logits of every frame of
+    # every label): NaN set after the clip is the same as before it, 0.5 lies inside the range.
+    p = np.array(probs, dtype=np.float64)
+    np.clip(p, EMISSION_FLOOR, 1 - EMISSION_FLOOR, out=p)
+    np.copyto(p, 0.5, where=np.isnan(p))
+    off = np.negative(p, out=np.empty_like(p))
+    np.log1p(off, out=off)
+    np.log(p, out=p)
+    p -= off
+    return p if p.ndim else p[()]
 
 
 def region_scores(region_probs: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ import numpy as np
 from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
-from vce.post.runs import runs_of
+from vce.post.runs import last_axis_max, runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
 PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
@@ -67,8 +67,12 @@ def fit_ar_model(logits: np.ndarray, truth: np.ndarray, off_phases: int = 1, on_
     # [1, x_t, x_{t-1}, l_{t-1}] from dot products, not the (N, 4) design itself (N ~ 2 M frames).
     columns = (np.ones(len(pairs)), on, before, logits[pairs - 1])
     target = logits[pairs]
-    gram = np.array([[np.dot(u, w) for w in columns] for u in columns])
-    coef, *_ = np.linalg.lstsq(gram, np.array([np.dot(u, target) for u in columns]), rcond=None)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # OpenBLAS's threaded dot costs ~3x the CPU here, and its bits vary with the threads
+        gram = np.array([[np.dot(u, w) for w in columns] for u in columns])
+        moments = np.array([np.dot(u, target) for u in columns])
+    coef, *_ = np.linalg.lstsq(gram, moments, rcond=None)
     a, b, g, rho = (float(c) for c in coef)
     sigma = max(float(np.std(target - a - b * on - g * before - rho * columns[3])), 1e-3)
     ends = int(((before == 1) & (on == 0)).sum())
@@ -191,42 +195,45 @@ def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
     running = n_chains * np.searchsorted(-lengths, -np.arange(longest), side="left")  # rows longer than t
     rows = n_videos * n_chains  # row v * C + c: video order[v], chain c
     chunk_size = max(1, CHUNK * 80 // max(rows, 80))  # frames laid out at once: CHUNK for up to 80 rows
-    # 1. Forward: delta[r, j], the best score of a path of row r in state j at t; back[t, r, j]
-    #    its state at t - 1.
-    delta = np.full((rows, n), -np.inf)
-    delta[:, 0] = 0.0
-    back = np.zeros((longest, rows, n), np.int8)
+    # 1. Forward: delta[j, r], the best score of a path of row r in state j at t; back[t, j, r]
+    #    its state at t - 1. Rows last (R contiguous): the max over the previous state is then
+    #    a reduction over the leading axis, several times cheaper than over a middle one of 5.
+    delta = np.full((n, rows), -np.inf)
+    delta[0] = 0.0
+    back = np.zeros((longest, n, rows), np.int8)
+    running = running.tolist()
     for chunk in range(1, longest, chunk_size):
-        stop, width = min(chunk + chunk_size, longest), int(running[chunk])
+        stop, width = min(chunk + chunk_size, longest), running[chunk]
         positions = np.minimum(starts[None, :width // n_chains] + np.arange(chunk, stop)[:, None], size - 1)
-        scores = np.empty((stop - chunk, width, n, n))  # (L, R, n_i, n_j)
+        scores = np.empty((stop - chunk, n, n, width))  # (L, n_i, n_j, R)
         for c in range(n_chains):
             laid = emissions[c][:, positions][pair[c]] + trans[c][:, :, None, None]  # (n, n, L, V)
-            scores[:, c::n_chains] = laid.transpose(2, 3, 0, 1)
+            scores[..., c::n_chains] = laid.transpose(2, 0, 1, 3)
         # history[i]: delta at t - 1 for t = chunk + i (zeros where a row has ended: never read).
-        history = np.zeros((stop - chunk + 1, width, n))
-        history[0] = delta[:width]
-        options = np.empty((width, n, n))
-        for t in range(chunk, stop):
-            w, i = int(running[t]), t - chunk
-            np.add(history[i, :w, :, None], scores[i, :w], out=options[:w])
-            np.maximum.reduce(options[:w], axis=1, out=history[i + 1, :w])  # np.max without its wrapper
+        history = np.zeros((stop - chunk + 1, n, width))
+        history[0] = delta[:, :width]
+        # Every row of the chunk at every step: a row that has ended computes sums that are never
+        # read (its delta is taken at its last step), cheaper than slicing the rows still running.
+        options = np.empty((n, n, width))
+        for i in range(stop - chunk):
+            np.add(history[i][:, None], scores[i], out=options)
+            np.maximum.reduce(options, axis=0, out=history[i + 1])  # np.max without its wrapper
         ends = np.minimum(np.repeat(lengths[:width // n_chains], n_chains), stop) - chunk  # each row's last step
-        delta[:width] = history[ends, np.arange(width)]
+        delta[:, :width] = history[ends, :, np.arange(width)].T
         # The same sums for the whole chunk: their argmax is each step's back pointer.
         for t in range(chunk, stop, 64):
-            end, w = min(t + 64, stop), int(running[t])
-            sums = history[t - chunk:end - chunk, :w, :, None] + scores[t - chunk:end - chunk, :w]
-            back[t:end, :w] = sums.argmax(axis=2)
+            end, w = min(t + 64, stop), running[t]
+            sums = history[t - chunk:end - chunk, :, None, :w] + scores[t - chunk:end - chunk, ..., :w]
+            back[t:end, :, :w] = sums.argmax(axis=1)
     # 2. Backward from each row's best last state.
-    state = delta.argmax(axis=1)
+    state = delta.argmax(axis=0)
     states = np.empty((longest, rows), np.int8)
     index = np.arange(rows)
     for t in range(longest - 1, -1, -1):
-        w = int(running[t])
+        w = running[t]
         states[t, :w] = state[:w]
         if t:
-            state[:w] = back[t, index[:w], state[:w]]
+            state[:w] = back[t, state[:w], index[:w]]
     for v in range(n_videos):
         for c in range(n_chains):
             paths[c][starts[v]:starts[v] + lengths[v]] = x[c][states[:lengths[v], v * n_chains + c]]
@@ -263,33 +270,34 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
     from_off, from_on = trans[~x], trans[x]
     rows = np.flatnonzero(~x), np.flatnonzero(x)
     code = x.astype(np.int64), 2 + x.astype(np.int64)  # the pair row entered from off / from on, per state
-    starts = np.arange(blocks) * block
+    # Laid out by offset inside the block: offset r reads one contiguous (blocks, 4) slab.
+    laid, resets = _by_offset(lik, blocks, block), reset.reshape(blocks, block).T.copy()  # (block, blocks, 4), (block, blocks)
 
     def step(m: np.ndarray, r: int) -> np.ndarray:  # m (blocks, [n,] n) times every block's transfer at offset r
-        t = starts + r
-        here = lik[:, t].T  # (blocks, 4)
-        shape = (len(t),) + (1,) * (m.ndim - 2) + (n,)
+        shape = (blocks,) + (1,) * (m.ndim - 2) + (n,)
         flat = m.reshape(-1, n)  # one matrix product per state left, over every block's rows
-        out = ((flat[:, ~x] @ from_off).reshape(m.shape) * here[:, code[0]].reshape(shape) +
-               (flat[:, x] @ from_on).reshape(m.shape) * here[:, code[1]].reshape(shape))
-        restart = reset[t]
+        out = (flat[:, ~x] @ from_off).reshape(m.shape)
+        out *= laid[r][:, code[0]].reshape(shape)
+        entered_on = (flat[:, x] @ from_on).reshape(m.shape)
+        entered_on *= laid[r][:, code[1]].reshape(shape)
+        out += entered_on
+        restart = resets[r]
         if restart.any():
             out[restart] = 0.0
             out[restart, ..., 0] = m[restart].sum(axis=-1)
         return out
 
     def back(m: np.ndarray, r: int) -> np.ndarray:  # every block's transfer at offset r times m (blocks, n)
-        t = starts + r
-        here = lik[:, t].T
+        here = laid[r]
         lo, hi = m * here[:, code[0]], m * here[:, code[1]]
         out = np.empty_like(m)
         out[:, rows[0]] = lo @ from_off.T
         out[:, rows[1]] = hi @ from_on.T
-        out[reset[t]] = m[reset[t], :1]
+        out[resets[r]] = m[resets[r], :1]
         return out
 
     def normalised(m: np.ndarray) -> np.ndarray:
-        return m / m.max(axis=-1, keepdims=True)
+        return m / last_axis_max(m)[..., None]
 
     # 1. Each block's product, row-scaled (a row is the state the block is entered from):
     #    scale[b, i] the log of what was divided out of row i.
@@ -297,7 +305,7 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
     scale = np.zeros((blocks, n))
     for r in range(block):
         product = step(product, r)
-        top = product.max(axis=2)
+        top = last_axis_max(product)
         scale += np.log(top)
         product /= top[:, :, None]
     # 2. The messages at the block edges: forward into each block, backward out of it.
@@ -327,6 +335,16 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
         posterior[r] = joint[:, x].sum(axis=1) / joint.sum(axis=1)
         beta = normalised(back(beta, r))
     return posterior.T.reshape(-1)[:size]
+
+
+def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:
+    """(block, blocks, 4) of (4, blocks x block) `lik`: [r, b] the pair scores of position
+    b x block + r. Copied a few blocks at a time: a whole transposed copy misses the cache on every write."""
+    blocked = lik.reshape(4, blocks, block)
+    out = np.empty((block, blocks, 4))
+    for b in range(0, blocks, 64):
+        out[:, b:b + 64] = blocked[:, b:b + 64].transpose(2, 1, 0)
+    return out
 
 
 def ar_runs(timeline, k: int, model: dict, bias: float) -> tuple[np.ndarray, np.ndarray]:

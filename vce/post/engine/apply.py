@@ -19,6 +19,7 @@ from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import (
     Candidates,
     anchored_candidates,
+    gc_paused,
     head_candidates,
     region_candidates,
     run_candidates,
@@ -31,6 +32,7 @@ from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
 
 
+@gc_paused
 def engine_submission(frame_probs: pd.DataFrame, engine: Engine, time_col: str = "t") -> tuple[dict, dict]:
     """(metric-optimal submission, clinical event list) for the videos of `frame_probs`."""
     timeline = build_timeline(frame_probs, time_col, max_reach=_reach(engine))
@@ -42,6 +44,7 @@ def tuning_timeline(frame_probs: pd.DataFrame, params: EngineParams, time_col: s
     return build_timeline(frame_probs, time_col, max_reach=max(max(params.median_windows) // 2, 1))
 
 
+@gc_paused
 def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict]:
     """`engine_submission` on a timeline already built."""
     if engine.centres is not None:

@@ -79,13 +79,27 @@ def recentred(timeline: Timeline, centres: list) -> Timeline:
     video's median frame is a negative one)."""
     probs = timeline.probs.copy()
     bounds = np.append(timeline.video_first, probs.shape[1])
+    lo = int(bounds[0]) if len(bounds) > 1 else probs.shape[1]  # nothing before the first video moves
+    lengths, observed = np.diff(bounds), timeline.observed[lo:]
+    video = np.repeat(np.arange(len(lengths)), lengths)
+    firsts = bounds[:-1] - lo
+    has_seen = np.add.reduceat(observed, firsts) > 0 if len(firsts) else np.zeros(0, bool)
+    moved = has_seen[video]  # a video without an observed frame keeps its probabilities
     for k, centre in enumerate(centres):
         if centre is None:
             continue
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            seen = timeline.observed[lo:hi]
-            if seen.any():
-                z = clipped_logits(probs[k, lo:hi])
-                z += centre - np.median(z[seen])
-                probs[k, lo:hi] = np.where(seen, 1 / (1 + np.exp(-z)), np.nan)
+        # 1. Each video's logits (one pass over the label), 2. their median per video, 3. the
+        #    shift to the centre, then back to probabilities (the same sums as video by video).
+        z = clipped_logits(probs[k, lo:])
+        shift = np.zeros(len(lengths))
+        for v in np.flatnonzero(has_seen):
+            seen = z[firsts[v]:firsts[v] + lengths[v]][observed[firsts[v]:firsts[v] + lengths[v]]]
+            shift[v] = centre - np.median(seen)
+        z += shift[video]
+        np.negative(z, out=z)  # 1 / (1 + exp(-z)), in place
+        np.exp(z, out=z)
+        z += 1
+        np.divide(1, z, out=z)
+        np.copyto(probs[k, lo:], z, where=moved & observed)
+        np.copyto(probs[k, lo:], np.nan, where=moved & ~observed)
     return timeline.with_probs(probs)

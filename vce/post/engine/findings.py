@@ -135,7 +135,7 @@ def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, pa
                                         strength=strength)
             if not np.isfinite(candidates.evidence).any():
                 continue
-            per_video = objective.per_video(label, candidates.events)
+            per_video = objective.per_video(label, candidates.events, candidates.spans)
             value, gate, extra = _best_gate(candidates.features, per_video, silent, params.presence_features)
             if extra is None:
                 continue

@@ -21,7 +21,7 @@ from vce.core.labels import LABELS, REGIONS
 from vce.post.anatomy import clipped_logits
 from vce.post.engine.apply import all_region_candidates, engine_submission_on, label_candidates
 from vce.post.engine.calibration import calibrated, fit_temperatures, recentred
-from vce.post.engine.candidates import head_candidates
+from vce.post.engine.candidates import gc_paused, head_candidates
 from vce.post.engine.findings import phase_labels
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import EngineParams
@@ -40,6 +40,7 @@ from vce.post.events import Timeline
 from vce.post.head import HEAD_REGIONS, head_lengths, length_prior
 
 
+@gc_paused
 def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0, rates: dict | None = None) -> Engine:
     """Fit the engine on tuning videos (their probabilities on `timeline`, their ground truth `gt`).
 

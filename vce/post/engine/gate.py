@@ -20,6 +20,7 @@ from vce.eval.score import THRESHOLDS, average_precisions, group_average_precisi
 from vce.post.anatomy import clipped_logits
 from vce.post.engine.calibration import logistic
 from vce.post.engine.candidates import Candidates
+from vce.post.engine.newton import newton_logistic
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.policies import RunsPolicy
 from vce.post.events import Timeline
@@ -76,10 +77,11 @@ class LabelObjective:
             self.gt_arrays[label] = _span_arrays(spans)
         self.evaluations = 0
 
-    def per_video(self, label: str, events: list) -> np.ndarray:
-        """(V,) objective AP of `label` per tuning video when every video emits its `events`."""
+    def per_video(self, label: str, events: list, spans: tuple | None = None) -> np.ndarray:
+        """(V,) objective AP of `label` per tuning video when every video emits its `events`
+        (`spans`: the same as `Candidates.spans` arrays, read instead of the lists)."""
         self.evaluations += 1
-        pred = _span_arrays([events[v] for v in self.scored_index])
+        pred = _span_arrays([events[v] for v in self.scored_index]) if spans is None else self._scored_spans(spans)
         truth = self.gt_arrays[label]
         aps = None if pred is None or truth is None else group_average_precisions(truth, pred, len(self.scored_index))
         if aps is None:  # spans the fast path cannot take (end < start, huge frames): the scorer's own checks
@@ -88,6 +90,14 @@ class LabelObjective:
         out = np.zeros(len(self.video_ids))
         out[self.scored] = sum(self.weights[t] * aps[t] for t in THRESHOLDS)
         return out
+
+    def _scored_spans(self, spans: tuple) -> tuple:
+        """`_span_arrays` of the scored videos' events from (V,) counts, (N,) starts, (N,) ends."""
+        counts, starts, ends = (np.asarray(a, np.int64) for a in spans)
+        keep = np.repeat(self.scored, counts)
+        if (ends[keep] < starts[keep]).any():
+            return None
+        return np.repeat(np.arange(len(self.scored_index)), counts[self.scored]), starts[keep], ends[keep]
 
     def silent(self, label: str) -> np.ndarray:
         """(V,) AP of leaving `label` out: 1 where absent, 0 where present."""
@@ -145,12 +155,16 @@ def _fit_weighted_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
 
 def _fit_logistic(x: np.ndarray, gain: np.ndarray) -> dict:
     mean, scale = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-6)
-    # Newton-Cholesky, not lbfgs under a thread limit: on a few dozen videos and 6 features the
-    # fit's overheads are its cost, and the engine fits this model often (docs/engine.md).
-    model = logistic((x - mean) / scale, gain > 0, sample_weight=np.abs(gain), one_thread=False,
-                      solver="newton-cholesky", max_iter=200)
-    return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": model.coef_[0].tolist(),
-            "intercept": float(model.intercept_[0])}
+    # sklearn's Newton-Cholesky iterations (`newton_logistic`): on a few dozen videos and 6
+    # features sklearn's overheads are the fit's cost, and the engine fits this model often
+    # (docs/engine.md); sklearn itself where it would leave Newton for L-BFGS.
+    standard, target, weight = (x - mean) / scale, gain > 0, np.abs(gain)
+    fitted = newton_logistic(standard, target, weight, max_iter=200)
+    if fitted is None:
+        model = logistic(standard, target, sample_weight=weight, one_thread=False, solver="newton-cholesky",
+                         max_iter=200)
+        fitted = model.coef_[0], float(model.intercept_[0])
+    return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": fitted[0].tolist(), "intercept": fitted[1]}
 
 
 def presence_score(inputs: np.ndarray, model: dict) -> np.ndarray:

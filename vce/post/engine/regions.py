@@ -21,7 +21,7 @@ from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import RegionPolicy
 from vce.post.events import Timeline
-from vce.post.runs import group_firsts, runs_of, video_of
+from vce.post.runs import group_firsts, last_axis_max, runs_of, video_of
 
 
 def label_truth(timeline: Timeline, gt: dict) -> np.ndarray:
@@ -87,11 +87,18 @@ def region_emissions(timeline: Timeline, coef, intercept) -> np.ndarray:
     """(P, 5) calibrated log P(region | frame); 0 where unobserved (no evidence)."""
     if "region_logits" not in timeline.prob_cums:  # the same for every (coef, intercept) the fit tries
         timeline.prob_cums["region_logits"] = clipped_logits(timeline.probs[REGION_ROWS].T)
-    z = timeline.prob_cums["region_logits"] @ np.asarray(coef).T + np.asarray(intercept)
-    z -= z.max(axis=1, keepdims=True)
-    scores = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    scores[~timeline.observed] = 0.0
-    return scores
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread: OpenBLAS splits this (P, 5) x (5, 5) product over threads that cost
+    # ~9x the CPU time of one on a shared machine (the same rows, the same bits).
+    with threadpool_limits(1):
+        z = timeline.prob_cums["region_logits"] @ np.asarray(coef).T
+    z += np.asarray(intercept)
+    z -= last_axis_max(z)[:, None]
+    total = np.exp(z).sum(axis=1, keepdims=True)
+    z -= np.log(total, out=total)
+    z[~timeline.observed] = 0.0
+    return z
 
 
 def learn_durations(timeline: Timeline, truth: np.ndarray, quantile: float, factor: float) -> list | None:
