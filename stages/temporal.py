@@ -69,13 +69,14 @@ def main(argv=None) -> int:
     # Heavy imports here, not at the top: `--help` stays fast and torch-free.
     from vce.core.contracts import read_index, write_probs
     from vce.infer.temporal import TemporalParams, save_temporal
-    from vce.infer.temporal_fit import TooFewVideos, fit_temporal, missing_embeddings, route_fit
+    from vce.infer.temporal_fit import TooFewVideos, fit_temporal, missing_embeddings, route_fit, route_rule
     from vce.model.device import resolve_device
     from vce.train.losses import LossParams
     params = load_params(args.params)
     temporal_params = from_dict(TemporalParams, params["temporal"], "temporal")
     loss_params = from_dict(LossParams, params["loss"], "loss")
-    source = from_dict(PostParams, params["post"], "post").probs
+    post = from_dict(PostParams, params["post"], "post")
+    source = post.probs
     seed = from_dict(BaseParams, params["base"], "base").seed
     predict_dir, out = Path(args.predict_dir), Path(args.out_dir)
     missing = missing_embeddings(predict_dir)
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
     if fitted is None:
         return _without_model(args, source, reason, temporal_params)
 
-    routed = route_fit(fitted, predict_dir, source)
+    routed = route_fit(fitted, predict_dir, source, route_rule(post, seed))
     write_probs(out / "val.parquet", routed.val)
     write_probs(out / "test.parquet", routed.test)
     # Wall-clock times are printed, not written: git-tracked metrics must repeat exactly.

@@ -97,6 +97,10 @@ class PostParams(Section):
     """`post`: which probabilities feed thresholds, events and report (auto: per label, `vce.infer.route`)."""
 
     probs: typing.Literal["frame", "temporal", "auto"]
+    route_min_gain: Annotated[float, Field(ge=0, le=1)]
+    route_confidence: Annotated[float, Field(ge=0.5, lt=1)]
+    route_block_frames: Annotated[int, Field(ge=1)]
+    route_replicates: Annotated[int, Field(ge=0)]
 
 
 class ScoreParams(Section):

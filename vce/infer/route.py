@@ -8,8 +8,17 @@ three candidates are compared on equal, out-of-sample terms.
 The evidence is pooled frame AP (`vce.eval.frame_metrics`), not temporal mAP. Temporal mAP is
 what is scored, but it needs the thresholds/engine fit per candidate (minutes each) and, with
 the few validation videos a split holds, rests on a handful of events per label; frame AP
-ranks every validation frame and moves smoothly. Ties (and labels without a validation
-positive) go to `frame`, then `blend`: auto is never worse than `frame` on the evidence.
+ranks every validation frame and moves smoothly.
+
+A label leaves the frame route only on evidence that beats noise (`RouteRule`): the other
+route's AP gain over the frame route must exceed `post.route_min_gain` at the lower end of a
+paired block bootstrap (blocks of `post.route_block_frames` consecutive validation frames of one
+video, so a finding's run moves as a whole; the gain's `1 - post.route_confidence` quantile over
+`post.route_replicates` replicates). Measured on the demo over 3 training seeds before this rule
+(`bench/route_seeds.py`), choosing the highest AP outright sent region labels to `blend` on gains
+of 0.0007 AP and scored below the frame route on every seed. Labels without a validation
+positive stay on `frame`; of the routes that pass, the larger observed gain wins (ties in
+`ROUTES` order).
 
 Torch-free: detect and the stages import it.
 """
@@ -25,7 +34,19 @@ from vce.core.labels import LABELS
 from vce.eval.frame_metrics import frame_metrics
 
 ROUTES = ("frame", "blend", "temporal")  # in tie-break order: the frame model wins a tie
-EVIDENCE = "frame AP on cross-fitted validation frames (vce.eval.frame_metrics)"
+EVIDENCE = ("frame AP on cross-fitted validation frames (vce.eval.frame_metrics); a label leaves the frame route "
+            "when the gain's block-bootstrap lower bound exceeds post.route_min_gain")
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """How much evidence moves a label off the frame route (`post.route_*`, see the module docstring)."""
+
+    min_gain: float = 0.02
+    confidence: float = 0.9
+    block_frames: int = 250
+    replicates: int = 200
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,18 +75,85 @@ def fixed_routes(route: str) -> dict[str, str]:
     return dict.fromkeys(LABELS, route)
 
 
-def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: np.ndarray) -> RouteChoice:
-    """Per label the route of highest frame AP on (N, 17) validation labels; ties to `ROUTES` order."""
+def average_precision(y_true: np.ndarray, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted average precision of one label for each row of `weights` (R, N): what
+    scikit-learn's `average_precision_score` gives with `sample_weight` (equal scores form one
+    step), here for many bootstrap replicates over one sort. (R,) float64; NaN where a row of
+    weights holds no positive."""
+    order = np.argsort(-scores, kind="stable")
+    y, ranked = y_true[order].astype(np.float64), scores[order]
+    last_of_tie = np.r_[ranked[1:] != ranked[:-1], True]  # a threshold step at the last of equal scores
+    w = weights[:, order]
+    tp = np.cumsum(w * y, axis=1)[:, last_of_tie]
+    fp = np.cumsum(w * (1 - y), axis=1)[:, last_of_tie]
+    positives = tp[:, -1:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall_step = np.diff(np.c_[np.zeros(len(w)), tp], axis=1) / positives
+    return np.where(positives[:, 0] > 0, (recall_step * precision).sum(axis=1), np.nan)
+
+
+def bootstrap_blocks(videos: np.ndarray, rule: RouteRule) -> tuple[np.ndarray, np.ndarray]:
+    """Block bootstrap of the rows: (N,) each row's block, (replicates, blocks) each replicate's
+    count of each block. The rows of each video (contiguous in `videos`) are cut into blocks of
+    `rule.block_frames` consecutive rows; a replicate draws as many blocks with replacement."""
+    starts = np.r_[True, videos[1:] != videos[:-1]]
+    video_index = np.cumsum(starts) - 1
+    offset = np.arange(len(videos)) - np.flatnonzero(starts)[video_index]  # row within its video
+    block = np.cumsum(starts | (offset % rule.block_frames == 0)) - 1
+    n_blocks = int(block[-1]) + 1
+    counts = np.random.default_rng(rule.seed).multinomial(n_blocks, np.full(n_blocks, 1 / n_blocks),
+                                                           size=rule.replicates)
+    return block, counts
+
+
+def bootstrap_gains(y: np.ndarray, scores: dict[str, np.ndarray], block: np.ndarray, counts: np.ndarray,
+                    chunk: int = 8) -> dict[str, np.ndarray]:
+    """Per route other than `frame`, (replicates,) its AP minus the frame route's AP on the same
+    (paired) replicate. Replicates are expanded to frame weights `chunk` at a time: (chunk, N)."""
+    aps = {route: [] for route in scores}
+    for start in range(0, len(counts), chunk):
+        weights = counts[start:start + chunk][:, block].astype(np.float64)
+        for route, values in scores.items():
+            aps[route].append(average_precision(y, values, weights))
+    frame = np.concatenate(aps.pop("frame"))
+    return {route: np.concatenate(values) - frame for route, values in aps.items()}
+
+
+def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: np.ndarray,
+                  videos: np.ndarray | None = None, rule: RouteRule | None = None) -> RouteChoice:
+    """Per label the route of `RouteRule` (default: its defaults): `frame` unless another route's
+    AP gain on (N, 17) validation labels beats `rule.min_gain` at its bootstrap lower bound.
+    `videos` (N,) gives each row's video, rows of a video contiguous (None: one video)."""
+    rule = rule or RouteRule()
     candidates = {"frame": frame_probs, "blend": blend(frame_probs, temporal_probs), "temporal": temporal_probs}
-    scored = {route: frame_metrics(labels, probs)["per_label"] for route, probs in candidates.items()}
+    # The rows every candidate scores (a paired comparison): an invalid frame is NaN in either model.
+    valid = np.all([np.isfinite(p).all(axis=1) for p in candidates.values()], axis=0)
+    scored = {route: frame_metrics(labels[valid], np.asarray(probs)[valid])["per_label"]
+              for route, probs in candidates.items()}
+    videos = np.zeros(len(labels)) if videos is None else np.asarray(videos)
+    blocks = bootstrap_blocks(videos[valid], rule) if valid.any() and rule.replicates else None
     routes, evidence = {}, {}
-    for label in LABELS:
+    for k, label in enumerate(LABELS):
         aps = {route: scored[route][label]["ap"] for route in ROUTES}
-        defined = {route: ap for route, ap in aps.items() if ap is not None}
-        # max() keeps the first of equal values: ROUTES order is the tie-break.
-        routes[label] = max(defined, key=defined.get) if len(defined) == len(ROUTES) else "frame"
         evidence[label] = {"support": scored["frame"][label]["support"],
                            **{f"{route}_ap": None if ap is None else round(ap, 6) for route, ap in aps.items()}}
+        routes[label] = "frame"
+        if any(ap is None for ap in aps.values()):
+            continue
+        gains = {route: np.array([aps[route] - aps["frame"]]) for route in ROUTES[1:]}
+        if blocks is not None:
+            gains = bootstrap_gains(labels[valid, k], {route: np.asarray(p, np.float64)[valid, k]
+                                                       for route, p in candidates.items()}, *blocks)
+        passing = {}
+        for route in ROUTES[1:]:
+            finite = gains[route][np.isfinite(gains[route])]  # a replicate may draw no positive
+            low = float(np.quantile(finite, 1 - rule.confidence)) if len(finite) else None
+            evidence[label][f"{route}_gain_low"] = None if low is None else round(low, 6)
+            if low is not None and low > rule.min_gain:
+                passing[route] = aps[route] - aps["frame"]
+        if passing:  # max() keeps the first of equal values: ROUTES order is the tie-break
+            routes[label] = max(passing, key=passing.get)
     return RouteChoice(routes, evidence)
 
 

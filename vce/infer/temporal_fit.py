@@ -35,7 +35,7 @@ from vce.core.contracts import label_matrix, read_probs
 from vce.core.errors import DataError
 from vce.core.labels import LABELS
 from vce.eval.frame_metrics import frame_metrics
-from vce.infer.route import RouteChoice, choose_routes, fixed_routes, mix
+from vce.infer.route import RouteChoice, RouteRule, choose_routes, fixed_routes, mix
 from vce.infer.temporal import (
     Sequences,
     TemporalConvNet,
@@ -163,12 +163,18 @@ class Routed:
     reason: str | None
 
 
-def route_fit(fitted: TemporalFit, predict_dir: Path, source: str) -> Routed:
+def route_rule(post, seed: int) -> RouteRule:
+    """The route rule of the `post` section (`PostParams`), its bootstrap seeded by `base.seed`."""
+    return RouteRule(post.route_min_gain, post.route_confidence, post.route_block_frames, post.route_replicates, seed)
+
+
+def route_fit(fitted: TemporalFit, predict_dir: Path, source: str, rule: RouteRule) -> Routed:
     """Per-label routes on the cross-fitted evidence (`vce.infer.route`). For `post.probs: auto`
     data/temporal holds each label's routed probabilities (what thresholds, events and report
     read); for `frame` and `temporal` it holds the temporal model's own."""
     frame_val = frame_probs(predict_dir / "val.parquet", fitted.val)
-    evidence = choose_routes(fitted.val.labels, frame_val, fitted.val_probs)
+    evidence = choose_routes(fitted.val.labels, frame_val, fitted.val_probs,
+                             fitted.val.frames["video_id"].astype(str).to_numpy(), rule)
     if source != "auto":
         choice = RouteChoice(fixed_routes(source), evidence.evidence)
         return Routed(probs_frame(fitted.val, fitted.val_probs), probs_frame(fitted.test, fitted.test_probs),
