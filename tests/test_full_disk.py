@@ -184,3 +184,81 @@ def test_train_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, 
     # scratch published at once (best.pt, last.pt: a failure there changes no output), then the
     # set: the DVCLive folder, model.pt, train.json
     assert check_all_or_nothing(monkeypatch, capsys, run, change, [out]) == 5
+
+
+# ----------------------------------------------------------------------------- after the model
+
+def test_ensemble_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    out = work / "out"
+    ensemble = out_args(args["ensemble"], out_dir=out / "ensemble", metrics=out / "ensemble.json")
+    change = lambda: edit_params(work, "ensemble", method="ap")  # noqa: E731
+    # val, val embeddings, frames, test, test embeddings, ensemble.json
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("ensemble").main(ensemble), change,
+                                [out]) == 6
+
+
+def test_temporal_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    out = work / "out"
+    temporal = out_args(args["temporal"], out_dir=out / "temporal", metrics=out / "temporal.json",
+                        route=out / "route.json", model_out=out / "temporal.pt")
+    change = lambda: edit_params(work, "temporal", lr=3 * params_of(work)["temporal"]["lr"])  # noqa: E731
+    # val, test, temporal.json, route.json, temporal.pt
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("temporal").main(temporal), change,
+                                [out]) == 5
+
+
+def test_score_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    out = work / "out"
+    score = out_args(args["score"], gt_out=out / "score/val_gt.json", metrics=out / "score.json",
+                     val_headline=out / "headline/val.json", test_headline=out / "headline/test.json")
+
+    def change():  # the first validation video's events dropped
+        events = json.loads((work / "events/val.json").read_text())
+        events["videos"][0]["events"] = []
+        (work / "events/val.json").write_text(json.dumps(events))
+
+    # val_gt.json, headline/val.json, test_gt.json, headline/test.json, score.json
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("score").main(score), change, [out]) == 5
+
+
+def test_report_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    out = work / "out"
+    report = out_args(args["report"], plots_dir=out / "plots", report=out / "report.md",
+                      viewer_dir=out / "plots/viewer")
+    change = lambda: edit_params(work, "report", curve_points=20, timeline_dpi=50)  # noqa: E731
+    writes = check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("report").main(report), change, [out])
+    timelines = len(list((out / "plots/timelines").glob("*.png")))
+    assert timelines == 3  # every validation and test video
+    # pr, roc, per_class, temporal_ap, per_video, per_video_bars (.csv), the timelines, report.md,
+    # the viewer folder (pages, thumbnails, assets inside)
+    assert writes == 6 + timelines + 1 + 1
+
+
+def test_detect_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    work, _ = copy_of(pipeline, tmp_path)
+    out = work / "out"
+    (work / "scratch").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work / "scratch"))  # its scratch probabilities, named under work
+    exam = next((work / "demo/test").iterdir())
+    detect = [str(exam), "--out", str(out / "events.json"), "--clinical-out", str(out / "clinical.json"),
+              "--viewer-dir", str(out / "viewer"), "--models", str(work / "models/model.pt"),
+              "--ensemble", str(work / "metrics/ensemble.json"), "--temporal", str(work / "models/temporal.pt"),
+              "--thresholds", str(work / "models/thresholds.json"), "--params", str(work / "params.yaml")]
+
+    def change():  # a shorter exam
+        for frame in sorted(exam.iterdir())[-20:]:
+            frame.unlink()
+
+    from vce.infer import detect as entry
+
+    # scratch, read back at once (a failure there changes no output): each model's probabilities
+    # and embeddings (labels are routed to the temporal model), the fused ones; then the set:
+    # events.json, clinical.json, the viewer folder
+    assert "temporal" in json.loads((work / "metrics/route.json").read_text())["routes"].values()
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: entry.main(detect), change, [out]) == 4 + 3
