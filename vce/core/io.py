@@ -1,4 +1,4 @@
-"""Atomic file outputs: a killed stage never leaves a file that looks complete."""
+"""Atomic outputs: a killed or failed stage never leaves a file or folder that looks complete."""
 
 from __future__ import annotations
 
