@@ -3,15 +3,14 @@
     python stages/demo_data.py [--params params.yaml] [--out data/demo]
 
 Reads the `demo` section. Replaces `--out` whole (a half-written demo never survives): the demo
-is generated beside it and renamed into place. Same seed, same bytes.
+is generated in a staging folder beside it and swapped in with the stage's other outputs
+(`vce.core.io.atomic_dir`). Same seed, same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,22 +24,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="data/demo", help="demo dataset folder written")
     args = parser.parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
+    from vce.core.io import atomic_dir
     from vce.core.params import load_section
     from vce.demo.generate import DemoParams, generate
 
     cfg = load_section(args.params, "demo", DemoParams)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as staging:
         summary = generate(staging, cfg)
-        staging.chmod(0o755)  # mkdtemp makes it private; the demo is ordinary data
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(f"demo: {summary['videos']} videos ({summary['frames']} frames), "
           f"{summary['test_videos']} test videos ({summary['test_frames']} frames) -> {out} "
           f"in {time.perf_counter() - start:.1f} s")

@@ -3,12 +3,15 @@
 Resumes from `--state-dir` only the checkpoint of a killed run of the same data and params
 (`train.epochs` included); a finished run of other epochs is ignored, so the scratch folder never
 changes what given params produce. `train.extend: true` continues a finished shorter run instead.
-Prints one line per epoch and logs the curves with DVCLive.
+Prints one line per epoch and logs the curves with DVCLive, in a staging folder swapped in for
+`--live-dir` with the model and metrics when the stage ends (`vce.core.io.atomic_dir`): a failed
+run leaves the previous run's curves beside its model, never half of each.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import time
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
     import torch
 
     from vce.core.contracts import label_matrix, read_index
-    from vce.core.io import atomic_path, write_json
+    from vce.core.io import atomic_dir, atomic_path, write_json
     from vce.data.dataset import rarest_label_weights
     from vce.data.folds import fold_frames
     from vce.data.frame_cache import FrameCache
@@ -159,15 +162,17 @@ def main(argv=None) -> int:
     resumed = trainer.try_resume()
     if resumed:
         print(f"resuming from {trainer.state_path}: epoch {trainer.epoch + 1}, step {trainer.step}")
-    live, log = (live_logger(args.live_dir, trainer.history) if trainer.ddp.is_main else (None, None))
-    trainer.log = log or (lambda record: None)
-    best_path = Path(args.state_dir) / "best.pt"
-    # The model file names its training videos: predict refuses to call its output out of fold otherwise.
-    train_videos = sorted(train["video_id"].astype(str).unique())
-    result = trainer.fit(lambda ema_model, record: checkpoint.save_model(best_path, ema_model, **record,
-                                                                         train_videos=train_videos))
+    with atomic_dir(args.live_dir) if trainer.ddp.is_main else contextlib.nullcontext() as live_dir:
+        live, log = live_logger(str(live_dir), trainer.history) if live_dir else (None, None)
+        trainer.log = log or (lambda record: None)
+        best_path = Path(args.state_dir) / "best.pt"
+        # The model file names its training videos: predict refuses to call its output out of fold otherwise.
+        train_videos = sorted(train["video_id"].astype(str).unique())
+        result = trainer.fit(lambda ema_model, record: checkpoint.save_model(best_path, ema_model, **record,
+                                                                             train_videos=train_videos))
+        if live:
+            live.end()
     if trainer.ddp.is_main:
-        live.end()
         with atomic_path(args.model_out) as tmp:  # a full disk leaves no partial file
             shutil.copyfile(best_path, tmp)
         # Whether it resumed is printed, not written: a resumed run's metrics equal a clean run's.

@@ -20,6 +20,7 @@ import yaml
 
 from vce.core import runner
 from vce.core.errors import ParamsError
+from vce.core.io import write_text
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         return 0
     target = Path(args.apply)
     changed = apply(target.read_text(), overrides)
-    target.write_text(changed)
+    write_text(target, changed)  # atomically: a full disk never leaves half a params file
     print(f"{target}: {len(overrides)} values of recipe {args.name!r} written", file=sys.stderr)
     return 0
 

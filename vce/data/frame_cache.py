@@ -8,14 +8,14 @@ Layout of a cache folder:
     meta.json       size, count, decoder, interpolation, the index it was built from
     rows.parquet    video_id, frame, valid — row i of pixels.npy holds this frame
     pixels.npy      (count, size, size, 3) uint8 (numpy .npy, opened as a memmap)
-The folder is built beside its destination and renamed into place when complete.
+The folder is built beside its destination and swapped in when complete (`vce.core.io.atomic_dir`:
+with the stage's other outputs, a failure leaves the previous cache whole).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from vce.core.errors import DataError
+from vce.core.io import atomic_dir
 from vce.core.labels import LABELS
 from vce.core.params import Section
 from vce.data.frames import FrameError, decode_frame, resize_frame
@@ -65,11 +66,7 @@ def build_cache(frames: pd.DataFrame, out_dir, params: CacheParams, max_pixels: 
     """Decode `frames` (video_id, frame, path, root) into a cache folder at `out_dir`.
 
     `max_pixels` (data.max_frame_pixels): a frame whose header declares more is cached invalid."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out_dir) as tmp:
         frames = frames.reset_index(drop=True)
         pixels = np.lib.format.open_memmap(tmp / "pixels.npy", mode="w+", dtype=np.uint8,
                                            shape=(len(frames), params.size, params.size, 3))
@@ -89,20 +86,13 @@ def build_cache(frames: pd.DataFrame, out_dir, params: CacheParams, max_pixels: 
         meta = {"enabled": True, "size": params.size, "count": int(len(frames)), "invalid": int((~valid).sum()),
                 "decoder": params.decoder, "interpolation": params.interpolation}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
 def write_disabled(out_dir) -> None:
     """A cache folder that says 'no cache' (the stage's output when cache.enabled is false)."""
-    out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
-    (out_dir / "meta.json").write_text(json.dumps({"enabled": False}) + "\n")
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "meta.json").write_text(json.dumps({"enabled": False}) + "\n")
 
 
 class FrameCache:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from vce.core.io import outside_output_set, safe_file_name
+from vce.core.io import atomic_dir, safe_file_name
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.eval.report import ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches, score
@@ -237,10 +237,13 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
     saved_thresholds: models/thresholds.json; n_tuning_videos, min_gain_sqrt_videos, events:
     what `vce.viewer.silence.silence_reason` needs to explain a silent label.
     """
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)  # a stale page or thumbnail of an earlier run must not survive
-    out_dir.mkdir(parents=True)
+    with atomic_dir(out_dir) as staging:  # the old folder stays whole until the new one is complete
+        return _write_viewer(staging, sets, saved_thresholds, params, n_tuning_videos, min_gain_sqrt_videos, events)
+
+
+def _write_viewer(out_dir: Path, sets: list[ViewerSet], saved_thresholds: dict, params: ViewerParams,
+                  n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict:
+    """`write_viewer` into the empty folder `out_dir` (files written plainly: the folder is the unit)."""
     clock = [time.perf_counter()]
     per_set = [(viewer_set, _videos(viewer_set)) for viewer_set in sets]
     errors = {(s.name, label): error_lists(videos, label, params.errors_per_label)
@@ -254,8 +257,7 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
         found = wanted.merge(files.assign(video_id=files["video_id"].astype(str)), on=["video_id", "t"])
         paths |= {(v, int(t)): p for v, t, p in found[["video_id", "t", "path"]].itertuples(index=False)}
     clock.append(time.perf_counter())
-    with outside_output_set():  # the folder is rebuilt in place (rmtree above), its pages count these bytes
-        files = write_thumbnails(paths, out_dir, params.thumbnail_px, params.image_format, params.quality)
+    files = write_thumbnails(paths, out_dir, params.thumbnail_px, params.image_format, params.quality)
     clock.append(time.perf_counter())
     thumbs = {}
     for video in all_videos:

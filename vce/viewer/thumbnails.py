@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vce.core.io import atomic_path, safe_file_name
+from vce.core.io import safe_file_name
 
 SUFFIX = {"jpeg": ".jpg", "webp": ".webp"}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -108,13 +108,11 @@ def _write_one(source: Path, target: Path, size: int, image_format: str, quality
     if rgb is None:
         return 0
     rgb.thumbnail((size, size), Image.Resampling.LANCZOS, reducing_gap=3.0)  # never upscales
-    with atomic_path(target) as tmp:
-        if image_format == "jpeg":
-            rgb.save(tmp, format="JPEG", quality=quality, optimize=True)
-        else:
-            rgb.save(tmp, format="WEBP", quality=quality, method=4)
-        size = Path(tmp).stat().st_size  # inside an output set `target` appears only at the stage's end
-    return size
+    if image_format == "jpeg":  # plainly: the viewer folder is the atomic unit (`vce.core.io.atomic_dir`)
+        rgb.save(target, format="JPEG", quality=quality, optimize=True)
+    else:
+        rgb.save(target, format="WEBP", quality=quality, method=4)
+    return target.stat().st_size
 
 
 def write_thumbnails(frame_paths: dict, out_dir, size: int, image_format: str, quality: int) -> dict:
