@@ -14,7 +14,8 @@ per N and per source — the frame model (`frame`), the default `post.probs: aut
 the colour baseline (`baseline`) — held-out blood frame AUC / AP, blood temporal AP@0.5 / @0.95
 and test mAP@0.5 / @0.95, each as the values per seed, their mean and sd (ddof 1); auto − frame
 per seed; blood's route per seed; the training frames and distinct stills of every run.
-`--tiny` (1 epoch, 256 frames, 20 temporal steps) only checks that the chain runs.
+`--tiny` (1 epoch, 256 frames, 20 temporal steps) only checks that the chain runs; `--table
+JSON` prints a saved curve as the Markdown tables of docs/real_pixels.md.
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def summary(runs: dict[tuple[int, int], dict], counts: list[int], seeds: list[in
     return curve
 
 
+def markdown_tables(result: dict) -> str:
+    """The curve as two Markdown tables (mean ± sd over the seeds per N), for docs/real_pixels.md."""
+    def cell(point: dict, source: str, keys: tuple[str, str]) -> str:
+        return " / ".join(f"{point[source][k]['mean']:.3f} ± {point[source][k]['sd'] or 0:.3f}" for k in keys)
+
+    frame_level = ["| distinct stills per class (N) | seeds | frame model AUC / AP | auto route AUC / AP "
+                   "| colour baseline AUC / AP |", "|---|---|---|---|---|"]
+    events = ["| N | blood tAP@0.5 / @0.95, frame model | same, auto route | same, baseline "
+              "| test mAP@0.5 / @0.95, frame route | same, auto route |",
+              "|---|---|---|---|---|---|"]
+    for count, point in result["curve"].items():
+        seeds = len(point["seeds"])
+        frame_level.append(f"| {count} | {seeds} | " + " | ".join(cell(point, source, ("auc", "ap"))
+                                                               for source in SOURCES) + " |")
+        tap = ("temporal_ap@0.5", "temporal_ap@0.95")
+        test_map = ("test_map@0.5", "test_map@0.95")
+        events.append(f"| {count} | " + " | ".join(cell(point, source, tap) for source in SOURCES) + " | "
+                      + " | ".join(cell(point, source, test_map) for source in ("frame", "auto")) + " |")
+    return "\n".join(frame_level) + "\n\n" + "\n".join(events) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[20, 45, 90], help="distinct training stills per class")
@@ -98,7 +120,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 1 short epoch, 20 temporal steps")
     parser.add_argument("--out", default=None,
                         help="JSON written here (default bench/results/real_pixels_curve.json; none with --tiny)")
+    parser.add_argument("--table", default=None, metavar="JSON",
+                        help="only print the Markdown tables of a saved curve JSON (no runs)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown_tables(json.loads(Path(args.table).read_text())), end="")
+        return 0
     assignments = RECIPE + (TINY if args.tiny else []) + args.set
     out = Path(args.out) if args.out else None if args.tiny else ROOT / "bench/results/real_pixels_curve.json"
     work = Path(args.work)
