@@ -114,6 +114,35 @@ def place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def write_video(out: Path, fixtures: Path, v: int, n_labelled: int, test_videos: list[tuple[str, int]],
+                files: list[str], blood: np.ndarray, labels: np.ndarray, demo: DemoParams,
+                rng: np.random.Generator, truth: list) -> pd.DataFrame:
+    """Video `v` on disk: the Galar layout (id v + 1) when v < n_labelled, else the test layout
+    (its ground truth appended to `truth`). Returns video_id, frame, source, blood of its frames."""
+    if v < n_labelled:
+        video_id = str(v + 1)
+        frames = int(rng.integers(0, demo.frame_step)) + demo.frame_step * np.arange(len(files))
+        folder = out / "galar" / video_id
+        names = [f"frame_{f:06d}.PNG" for f in frames]
+        write_label_csv(out / "galar", video_id, labels, frames, rng)
+    else:
+        video_id, first = test_videos[v - n_labelled]
+        frames = first + np.arange(len(files))
+        folder = out / "test" / video_id
+        names = [f"frame_{f:07d}.png" for f in frames]
+        write_frame_list(frame_list_folder(out / "test", [i for i, _ in test_videos]), video_id, names)
+        truth.append({"video_id": video_id, "events": events_of(labels, frames)})
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in zip(names, files):
+        place(fixtures / "frames" / source, folder / name)
+    return pd.DataFrame({"video_id": video_id, "frame": frames, "source": files, "blood": blood})
+
+
+def write_ground_truth(out: Path, truth: list) -> None:
+    (out / "test").mkdir(parents=True, exist_ok=True)
+    (out / "test_ground_truth.json").write_text(json.dumps({"videos": truth}) + "\n")
+
+
 def build_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, demo: DemoParams,
                  holds: dict, seed: int, anatomy: bool = True) -> pd.DataFrame:
     """Write `out/galar` (labelled videos 1..n_labelled) and `out/test` (+ its ground truth).
@@ -127,31 +156,105 @@ def build_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, demo: 
     deal = {flag: np.array_split(rng.permutation(table.loc[table["bleeding"] == flag, "file"].to_numpy()),
                                  n_videos) for flag in (0, 1)}
     test_videos = test_video_ids(n_test)
-    test_ids = [video_id for video_id, _ in test_videos]
     rows, truth = [], []
     for v in range(n_videos):
         files, blood = still_sequence(list(deal[1][v]), list(deal[0][v]), rng, holds)
         labels = video_labels(blood, demo, rng, anatomy)
-        if v < n_labelled:
-            video_id = str(v + 1)
-            frames = int(rng.integers(0, demo.frame_step)) + demo.frame_step * np.arange(len(files))
-            folder = out / "galar" / video_id
-            names = [f"frame_{f:06d}.PNG" for f in frames]
-            write_label_csv(out / "galar", video_id, labels, frames, rng)
-        else:
-            video_id, first = test_videos[v - n_labelled]
-            frames = first + np.arange(len(files))
-            folder = out / "test" / video_id
-            names = [f"frame_{f:07d}.png" for f in frames]
-            write_frame_list(frame_list_folder(out / "test", test_ids), video_id, names)
-            truth.append({"video_id": video_id, "events": events_of(labels, frames)})
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, source in zip(names, files):
-            place(fixtures / "frames" / source, folder / name)
-        rows.append(pd.DataFrame({"video_id": video_id, "frame": frames, "source": files, "blood": blood}))
-    (out / "test").mkdir(parents=True, exist_ok=True)
-    (out / "test_ground_truth.json").write_text(json.dumps({"videos": truth}) + "\n")
+        rows.append(write_video(out, fixtures, v, n_labelled, test_videos, files, blood, labels, demo, rng, truth))
+    write_ground_truth(out, truth)
     return pd.concat(rows, ignore_index=True)
+
+
+# ---------------------------------------------------------------- a learning curve over distinct stills
+
+def picture_groups(table: pd.DataFrame) -> pd.Series:
+    """The near-duplicate group of each still: its `source_file` without Roboflow's export suffix
+    (`.rf.<hash>.jpg`), so two exports of one original picture fall in one group."""
+    return table["source_file"].astype(str).str.replace(r"\.rf\.[0-9a-f]+(\.[A-Za-z]+)?$", "", regex=True)
+
+
+def check_no_leak(truth: pd.DataFrame, table: pd.DataFrame) -> None:
+    """Refuse a build where a still, or a still of the same picture group, is in a training video
+    and in a validation or held-out one (`truth` has a `role` column: train | val | test)."""
+    group = dict(zip(table["file"], picture_groups(table)))
+    training = truth["role"] == "train"
+    shared_stills = set(truth.loc[training, "source"]) & set(truth.loc[~training, "source"])
+    shared_groups = ({group[s] for s in truth.loc[training, "source"]}
+                     & {group[s] for s in truth.loc[~training, "source"]})
+    if shared_stills or shared_groups:
+        raise RuntimeError(f"training and validation/held-out videos share stills {sorted(shared_stills)[:5]} "
+                           f"or source pictures {sorted(shared_groups)[:5]}")
+
+
+def deal_by_picture(files: pd.Series, groups: pd.Series, quota: int, rng: np.random.Generator
+                    ) -> tuple[list[str], list[str]]:
+    """Shuffle whole picture groups; the first groups until `quota` stills, and the rest."""
+    order = rng.permutation(np.unique(groups.to_numpy()))
+    first, rest = [], []
+    for name in order:
+        members = files[groups == name].tolist()
+        (first if len(first) < quota else rest).extend(members)
+    return first, rest
+
+
+def scaled_holds(holds: dict, factor: float) -> dict:
+    """Hold ranges × factor (at least 1 frame): fewer distinct stills held longer, as many frames."""
+    return {**holds, **{key: tuple(max(1, int(round(n * factor))) for n in holds[key])
+                        for key in ("background", "blood")}}
+
+
+def build_curve_videos(fixtures: Path, out: Path, n_labelled: int, n_test: int, n_val: int, train_stills: int,
+                       demo: DemoParams, holds: dict, seed: int, anatomy: bool = True
+                       ) -> tuple[pd.DataFrame, list[str]]:
+    """The videos of one point of the learning curve over distinct training pictures.
+
+    1. Per class (bleeding / not), whole picture groups (`picture_groups`) are shuffled with
+       `seed`, and the first ones fill the `n_test` held-out and `n_val` validation videos with
+       the share of stills a video gets when all are dealt over n_labelled + n_test videos
+       (15 + 15 of the 300): these videos depend on `seed` only, not on `train_stills`.
+    2. The training videos (the other labelled ones) get the first `train_stills` bleeding and
+       `train_stills` non-bleeding stills of the remaining pool (the same number of each, as
+       the full deal has; nested: 20 of them are among the 45), holds scaled by
+       pool / train_stills so the training frame count stays about that of the full pool.
+    3. `check_no_leak` refuses any still or picture in training and elsewhere.
+
+    Validation videos are the last n_val labelled ids (pin them with `split.val_videos`).
+    Returns the frames (video_id, frame, source, blood, role) and the validation video ids.
+    """
+    table = pd.read_csv(fixtures / "labels.csv")
+    groups = picture_groups(table)
+    n_videos = n_labelled + n_test
+    n_train = n_labelled - n_val
+    deal_rng = np.random.default_rng(seed)
+    fixed, train = {}, {}
+    for flag in (0, 1):
+        mask = table["bleeding"] == flag
+        per_video = int(mask.sum()) // n_videos
+        held, pool = deal_by_picture(table.loc[mask, "file"], groups[mask], per_video * (n_test + n_val), deal_rng)
+        if not 0 < train_stills <= len(pool):
+            raise SystemExit(f"--train-stills {train_stills}: the pool left after the held-out and validation "
+                             f"videos has {len(pool)} stills of bleeding = {flag}")
+        fixed[flag] = np.array_split(np.asarray(held), n_test + n_val)
+        train[flag] = np.array_split(np.asarray(pool[:train_stills]), n_train)
+        factor = len(pool) / train_stills
+    train_holds = scaled_holds(holds, factor)
+    test_videos = test_video_ids(n_test)
+    val_ids = [str(v + 1) for v in range(n_train, n_labelled)]
+    rows, truth = [], []
+    for v in range(n_videos):
+        rng = np.random.default_rng([seed, v])  # one stream per video: fixed videos equal for every N
+        role = "train" if v < n_train else "val" if v < n_labelled else "test"
+        k = v - n_train
+        bleeding, background = (train[1][v], train[0][v]) if role == "train" else (fixed[1][k], fixed[0][k])
+        files, blood = still_sequence(list(bleeding), list(background), rng,
+                                      train_holds if role == "train" else holds)
+        labels = video_labels(blood, demo, rng, anatomy)
+        video = write_video(out, fixtures, v, n_labelled, test_videos, files, blood, labels, demo, rng, truth)
+        rows.append(video.assign(role=role))
+    write_ground_truth(out, truth)
+    frames = pd.concat(rows, ignore_index=True)
+    check_no_leak(frames, table)
+    return frames, val_ids
 
 
 # ---------------------------------------------------------------- the colour baseline
@@ -236,10 +339,11 @@ def event_numbers(work: Path, params_path: Path, name: str, val_probs: Path, tes
     d = work / name
     stage("thresholds", p + ["--probs", str(val_probs), "--frames", str(work / "split/frames.parquet"),
                              "--out", str(d / "thresholds.json"), "--metrics", str(d / "thresholds_metrics.json")])
-    stage("events", p + ["--thresholds", str(d / "thresholds.json"), "--val-probs", str(val_probs),
+    held = ["--held-out", str(work / "split/test.parquet")]  # split.test_videos: none here, an empty table
+    stage("events", p + held + ["--thresholds", str(d / "thresholds.json"), "--val-probs", str(val_probs),
                          "--test-probs", str(test_probs), "--frames", str(work / "split/frames.parquet"),
                          "--test-frames", str(work / "index/test.parquet"), "--out-dir", str(d / "events")])
-    stage("score", p + ["--events", str(d / "events/val.json"), "--test-events", str(d / "events/submission.json"),
+    stage("score", p + held + ["--events", str(d / "events/val.json"), "--test-events", str(d / "events/submission.json"),
                         "--frames", str(work / "split/frames.parquet"), "--gt-out", str(d / "val_gt.json"),
                         "--metrics", str(d / "score.json"), "--frame-metrics", str(d / "thresholds_metrics.json"),
                         "--val-headline", str(d / "headline_val.json"), "--test-headline", str(d / "headline_test.json")])
@@ -260,14 +364,36 @@ def scratch_params(work: Path, assignments: list[str]) -> dict:
     return params
 
 
+def distinct_stills(truth: pd.DataFrame) -> dict:
+    """Distinct bleeding / background stills and frames in the training videos, and the holds used."""
+    train = truth[truth["role"] == "train"]
+    stills = train.drop_duplicates("source")
+    return {"blood": int(stills["blood"].sum()), "background": int((stills["blood"] == 0).sum()),
+            "frames": int(len(train)), "mean_hold": round(len(train) / len(stills), 2)}
+
+
+def route_counts(path: Path) -> dict:
+    """Which route (frame / temporal / blend) each label took under post.probs, from metrics/route.json."""
+    route = read_json(path, "route")
+    return {"post_probs": route["post_probs"], "counts": route["counts"], "blood": route["routes"].get("blood"),
+            "moved": {label: r for label, r in route["routes"].items() if r != "frame"}}
+
+
 def run(work: Path, args) -> dict:
     params = scratch_params(work, args.set)
-    params_path = work / "params.yaml"
-    params_path.write_text(yaml.safe_dump(params))
     demo = from_dict(DemoParams, params["demo"], "demo")
     holds = {"lead": 0.15, "run": (2, 4), "background": (3, 8), "blood": (2, 4)}
-    truth = build_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, demo, holds, args.seed,
-                         args.anatomy)
+    if args.train_stills:
+        # The split stage's own count of validation videos, pinned so the builder knows which train.
+        n_val = int(np.clip(round(params["split"]["val_fraction"] * args.labelled), 1, args.labelled - 1))
+        truth, val_ids = build_curve_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, n_val,
+                                            args.train_stills, demo, holds, args.seed, args.anatomy)
+        params["split"].update(val_videos=val_ids, folds=[0])
+    else:
+        truth = build_videos(Path(args.fixtures), work / "videos", args.labelled, args.test, demo, holds, args.seed,
+                             args.anatomy)
+    params_path = work / "params.yaml"
+    params_path.write_text(yaml.safe_dump(params))
     p = ["--params", str(params_path)]
     w = {key: str(work / rel) for key, rel in {
         "frames": "index/frames.parquet", "test": "index/test.parquet", "split": "split/frames.parquet",
@@ -282,13 +408,17 @@ def run(work: Path, args) -> dict:
                         "--model-out", w["model"], "--state-dir", str(work / "models/train_state"),
                         "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
     train_s = time.perf_counter() - started
-    stage("predict", p + ["--model", w["model"], "--frames", w["split"], "--test", w["test"], "--cache", w["cache"],
+    stage("predict", p + ["--held-out", str(work / "split/test.parquet"), "--model", w["model"], "--frames", w["split"], "--test", w["test"], "--cache", w["cache"],
                           "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
     if args.temporal:
         stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
                                "--metrics", str(work / "metrics/temporal.json"),
                                "--route", str(work / "metrics/route.json"), "--model-out", str(work / "temporal.pt")])
     frames, test = read_index(w["split"]), read_index(w["test"])
+    if args.train_stills:  # the split trained on exactly the builder's training videos
+        built_train = set(truth.loc[truth["role"] == "train", "video_id"])
+        if set(frames.loc[frames["split"] == "train", "video_id"]) != built_train:
+            raise SystemExit(f"split's training videos differ from the builder's {sorted(built_train)}")
     baseline_probs(frames, test, work / "videos/galar", work / "videos/test", work / "baseline", args.seed)
     test_gt = read_json(work / "videos/test_ground_truth.json", "test ground truth")
     held = truth[truth["video_id"].isin(set(test["video_id"]))]
@@ -315,7 +445,9 @@ def run(work: Path, args) -> dict:
             "blood_prevalence_test": round(float(held["blood"].mean()), 3),
             "holds": {k: list(v) if isinstance(v, tuple) else v for k, v in holds.items()},
             "seed": args.seed, "anatomy_labels": args.anatomy,
+            **({"train_stills": distinct_stills(truth)} if args.train_stills else {}),
         },
+        **({"routes": route_counts(work / "metrics/route.json")} if args.temporal else {}),
         "settings": {
             "model_source": params["model"]["source"],
             "image_size": model_cfg.get("model_cfg", {}).get("vision_cfg", {}).get("image_size"),
@@ -337,6 +469,10 @@ def main(argv=None) -> int:
     parser.add_argument("--labelled", type=int, default=8, help="Galar-layout videos (train + val)")
     parser.add_argument("--test", type=int, default=2, help="held-out test-layout videos")
     parser.add_argument("--seed", type=int, default=0, help="seed of the video builder")
+    parser.add_argument("--train-stills", type=int, default=0, metavar="N",
+                        help="learning-curve point: held-out and validation videos fixed by --seed, training "
+                             "videos from N distinct bleeding + N non-bleeding stills of the rest, held longer "
+                             "(about the same frames for every N); 0: every still dealt as before")
     parser.add_argument("--no-anatomy", dest="anatomy", action="store_false",
                         help="no region/landmark labels (the stills carry none): blood is the only label")
     parser.add_argument("--no-temporal", dest="temporal", action="store_false",
