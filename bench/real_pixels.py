@@ -404,12 +404,16 @@ def run(work: Path, args) -> dict:
     stage("split", p + ["--index", w["frames"], "--out", w["split"], "--metrics", str(work / "metrics/split.json")])
     stage("prompts", p + ["--out", w["prompts"]])
     started = time.perf_counter()
-    stage("train", p + ["--frames", w["split"], "--cache", w["cache"], "--prompts", w["prompts"],
-                        "--model-out", w["model"], "--state-dir", str(work / "models/train_state"),
-                        "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
+    reused = args.reuse_frame_model and all((Path(w["predict"]) / f"{name}.parquet").is_file() for name in
+                                            ("val", "test", "val_embeddings", "test_embeddings"))
+    if not reused:  # --reuse-frame-model: the frame model and its probabilities do not depend on what follows
+        stage("train", p + ["--frames", w["split"], "--cache", w["cache"], "--prompts", w["prompts"],
+                            "--model-out", w["model"], "--state-dir", str(work / "models/train_state"),
+                            "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
+        stage("predict", p + ["--held-out", str(work / "split/test.parquet"), "--model", w["model"], "--frames",
+                              w["split"], "--test", w["test"], "--cache", w["cache"],
+                              "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
     train_s = time.perf_counter() - started
-    stage("predict", p + ["--held-out", str(work / "split/test.parquet"), "--model", w["model"], "--frames", w["split"], "--test", w["test"], "--cache", w["cache"],
-                          "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
     if args.temporal:
         stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
                                "--metrics", str(work / "metrics/temporal.json"),
@@ -457,7 +461,7 @@ def run(work: Path, args) -> dict:
             "overrides": args.set, "thresholds_method": params["thresholds"]["method"],
             "torch_threads": args.threads or "default",
         },
-        "train": {"seconds": round(train_s, 1), "best_epoch": train_metrics["best"].get("epoch"),
+        "train": {"seconds": round(train_s, 1), "reused": reused, "best_epoch": train_metrics["best"].get("epoch"),
                   "best_val_map": train_metrics["best"].get("val_map")},
     }
 
@@ -477,6 +481,9 @@ def main(argv=None) -> int:
                         help="no region/landmark labels (the stills carry none): blood is the only label")
     parser.add_argument("--no-temporal", dest="temporal", action="store_false",
                         help="skip the temporal stage (frame model and baseline only; quicker sweeps)")
+    parser.add_argument("--reuse-frame-model", action="store_true",
+                        help="keep --work's trained model and predictions (train and predict skipped where "
+                             "predict/ is complete): re-run only the stages after predict")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default; 1 is faster on a shared, loaded CPU)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -488,9 +495,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.work:
         work = Path(args.work)
-        if work.exists():
+        if work.exists() and not args.reuse_frame_model:  # reuse keeps the model and predictions there
             shutil.rmtree(work)
-        work.mkdir(parents=True)
+        work.mkdir(parents=True, exist_ok=True)
         result = run(work, args)
     else:
         with tempfile.TemporaryDirectory(prefix="real_pixels_") as tmp:

@@ -35,14 +35,16 @@ SOURCES = {"frame": "model", "auto": "model+temporal", "baseline": "baseline"}
 METRICS = ("auc", "ap", "temporal_ap@0.5", "temporal_ap@0.95", "test_map@0.5", "test_map@0.95")
 
 
-def run_point(work: Path, count: int, seed: int, threads: int, assignments: list[str]) -> dict:
-    """One (N, seed) run of bench.real_pixels in a child process; its JSON (kept in `work`)."""
+def run_point(work: Path, count: int, seed: int, threads: int, assignments: list[str], reuse: bool = False) -> dict:
+    """One (N, seed) run of bench.real_pixels in a child process; its JSON (kept in `work`).
+    `reuse`: rerun the stages after predict on the run's kept frame model (`--reuse-frame-model`)."""
     name = f"n{count}_s{seed}"
     result_path, log_path = work / f"{name}.json", work / f"{name}.log"
-    if result_path.exists():
+    if result_path.exists() and not reuse:
         return json.loads(result_path.read_text())
     command = [sys.executable, "-m", "bench.real_pixels", "--threads", str(threads), "--seed", str(seed),
-               "--train-stills", str(count), "--work", str(work / name), "--set", f"base.seed={seed}"]
+               "--train-stills", str(count), "--work", str(work / name), "--set", f"base.seed={seed}",
+               *(["--reuse-frame-model"] if reuse else [])]
     for assignment in assignments:
         command += ["--set", assignment]
     with log_path.open("w") as log:
@@ -118,6 +120,9 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="params override after the recipe, repeatable")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 1 short epoch, 20 temporal steps")
+    parser.add_argument("--reuse-frame-model", action="store_true",
+                        help="rerun every point's stages after predict on its kept frame model (after a change "
+                             "to the temporal stage, the route or the post-processing)")
     parser.add_argument("--out", default=None,
                         help="JSON written here (default bench/results/real_pixels_curve.json; none with --tiny)")
     parser.add_argument("--table", default=None, metavar="JSON",
@@ -134,7 +139,7 @@ def main(argv=None) -> int:
     result = {}
     for seed in seeds:  # every N of a seed before the next seed: a stopped curve still spans N
         for count in args.counts:
-            runs[count, seed] = run_point(work, count, seed, args.threads, assignments)
+            runs[count, seed] = run_point(work, count, seed, args.threads, assignments, args.reuse_frame_model)
             result = {"bench": "real_pixels_curve", "complete": len(runs) == len(seeds) * len(args.counts),
                       "recipe": assignments, "counts": args.counts, "seeds": seeds,
                       "command": f"python -m bench.real_pixels --threads {args.threads} --seed S --train-stills N "

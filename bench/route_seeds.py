@@ -54,26 +54,31 @@ def write_params(work: Path, seed: int, source: str, assignments: list[str]) -> 
     return path
 
 
-def run_seed(work: Path, seed: int, assignments: list[str]) -> dict:
+def run_seed(work: Path, seed: int, assignments: list[str], reuse: bool = False) -> dict:
     """One training seed: the chain once, then thresholds/events/score per route; test mAPs and routes."""
     work.mkdir(parents=True, exist_ok=True)
     paths = {source: write_params(work, seed, source, assignments) for source in ROUTES}
     p = ["--params", str(paths["auto"])]
     d = {key: str(work / rel) for key, rel in {
         "frames": "split/frames.parquet", "test": "index/test.parquet", "predict": "predict", "temporal": "temporal",
-        "model": "models/model.pt", "prompts": "models/prompt_embeddings.pt", "cache": "cache"}.items()}
+        "model": "models/model.pt", "prompts": "models/prompt_embeddings.pt", "cache": "cache",
+        "held_out": "split/test.parquet"}.items()}
     stage("demo_data", p + ["--out", str(work / "demo")])
     stage("index", p + ["--frames-out", str(work / "index/frames.parquet"), "--test-out", d["test"],
                         "--report", str(work / "metrics/index_report.json")])
-    stage("split", p + ["--index", str(work / "index/frames.parquet"), "--out", d["frames"],
+    stage("split", p + ["--index", str(work / "index/frames.parquet"), "--out", d["frames"], "--test-out", d["held_out"],
                         "--metrics", str(work / "metrics/split.json")])
-    stage("cache_frames", p + ["--frames", d["frames"], "--test", d["test"], "--out", d["cache"]])
+    stage("cache_frames", p + ["--frames", d["frames"], "--test", d["test"], "--held-out", d["held_out"], "--out", d["cache"]])
     stage("prompts", p + ["--out", d["prompts"]])
-    stage("train", p + ["--frames", d["frames"], "--cache", d["cache"], "--prompts", d["prompts"],
-                        "--model-out", d["model"], "--state-dir", str(work / "models/train_state"),
-                        "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
-    stage("predict", p + ["--model", d["model"], "--frames", d["frames"], "--test", d["test"], "--cache", d["cache"],
-                          "--out-dir", d["predict"], "--report", str(work / "metrics/predict.json")])
+    reused = reuse and all((work / "predict" / f"{name}.parquet").is_file() for name in
+                           ("val", "test", "val_embeddings", "test_embeddings"))
+    if not reused:  # the frame model and its probabilities do not depend on the stages after predict
+        stage("train", p + ["--frames", d["frames"], "--cache", d["cache"], "--prompts", d["prompts"],
+                            "--model-out", d["model"], "--state-dir", str(work / "models/train_state"),
+                            "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
+        stage("predict", p + ["--model", d["model"], "--frames", d["frames"], "--test", d["test"], "--cache", d["cache"],
+                              "--held-out", d["held_out"], "--out-dir", d["predict"],
+                              "--report", str(work / "metrics/predict.json")])
     stage("temporal", p + ["--predict-dir", d["predict"], "--frames", d["frames"], "--out-dir", d["temporal"],
                            "--metrics", str(work / "metrics/temporal.json"), "--route", str(work / "metrics/route.json"),
                            "--model-out", str(work / "models/temporal.pt")])
@@ -85,9 +90,9 @@ def run_seed(work: Path, seed: int, assignments: list[str]) -> dict:
                                  "--out", str(r / "thresholds.json"), "--metrics", str(r / "thresholds_metrics.json")])
         stage("events", q + ["--thresholds", str(r / "thresholds.json"), "--predict-dir", d["predict"],
                              "--temporal-dir", d["temporal"], "--frames", d["frames"], "--test-frames", d["test"],
-                             "--out-dir", str(r / "events")])
+                             "--held-out", d["held_out"], "--out-dir", str(r / "events")])
         stage("score", q + ["--events", str(r / "events/val.json"), "--test-events", str(r / "events/submission.json"),
-                            "--frames", d["frames"], "--gt-out", str(r / "val_gt.json"),
+                            "--frames", d["frames"], "--held-out", d["held_out"], "--gt-out", str(r / "val_gt.json"),
                             "--metrics", str(r / "score.json"), "--frame-metrics", str(r / "thresholds_metrics.json"),
                             "--val-headline", str(r / "headline_val.json"),
                             "--test-headline", str(r / "headline_test.json")])
@@ -124,11 +129,15 @@ def main(argv=None) -> int:
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="params override, repeatable")
     parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run (4 short videos, 1 epoch)")
+    parser.add_argument("--reuse-frame-model", action="store_true",
+                        help="keep each seed's trained model and predictions in --work (train and predict skipped "
+                             "where predict/ is complete): rerun only the temporal stage and what follows")
     args = parser.parse_args(argv)
     assignments = (TINY if args.tiny else []) + args.set
     with tempfile.TemporaryDirectory(prefix="vce_route_seeds_") as scratch:
         base = Path(args.work or scratch)
-        runs = {seed: run_seed(base / f"seed_{seed}", seed, assignments) for seed in range(args.seeds)}
+        runs = {seed: run_seed(base / f"seed_{seed}", seed, assignments, args.reuse_frame_model)
+                for seed in range(args.seeds)}
     print(json.dumps({"bench": "route_seeds", "overrides": assignments, **summary(runs)}, indent=1))
     return 0
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from vce.core.labels import LABELS, NUM_LABELS
+from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS, REGIONS
 from vce.infer.route import RouteRule, average_precision, bootstrap_blocks, choose_routes
 
 
@@ -28,45 +28,87 @@ def test_bootstrap_blocks_stay_inside_a_video_and_draw_as_many_blocks_as_there_a
     assert not np.array_equal(counts, bootstrap_blocks(videos, RouteRule(block_frames=5, replicates=50, seed=4))[1])
 
 
+LUCKY, BROAD = LABEL_INDEX["blood"], LABEL_INDEX["ulcer"]  # findings: each label its own route
+
+
+def _noisy(truth: np.ndarray, lift: float, rng, offset: float = 2.0) -> np.ndarray:
+    """Probabilities that rank `truth` by `lift` logits above unit noise."""
+    return 1 / (1 + np.exp(-(truth.astype(float) * lift + rng.normal(0, 1, truth.shape) - offset)))
+
+
 def _one_lucky_video(n_videos: int = 20, per_video: int = 100):
-    """Label 0: the temporal route equals the frame route but in one video, where it ranks that
-    video's positives first: a real AP gain that rests on one video only. Label 1: the temporal
+    """Blood: the temporal route equals the frame route but in one video, where it ranks that
+    video's positives first: a real AP gain that rests on one video only. Ulcer: the temporal
     route is better everywhere. (labels, frame, temporal, videos)."""
     rng = np.random.default_rng(0)
     n = n_videos * per_video
     videos = np.repeat([f"v{i:02d}" for i in range(n_videos)], per_video)
     labels = np.zeros((n, NUM_LABELS), np.uint8)
-    labels[:, :2] = rng.random((n, 2)) < 0.1
+    labels[:, [LUCKY, BROAD]] = rng.random((n, 2)) < 0.1
     frame = np.full((n, NUM_LABELS), 0.5, np.float32)
-    frame[:, :2] = 1 / (1 + np.exp(-(labels[:, :2] * 1.5 + rng.normal(0, 1, (n, 2)) - 2)))
+    frame[:, [LUCKY, BROAD]] = _noisy(labels[:, [LUCKY, BROAD]], 1.5, rng)
     temporal = frame.copy()
     lucky = videos == "v07"
-    temporal[lucky, 0] = np.where(labels[lucky, 0] == 1, 0.999, frame[lucky, 0])
-    temporal[:, 1] = 1 / (1 + np.exp(-(labels[:, 1] * 4 + rng.normal(0, 1, n) - 3)))
+    temporal[lucky, LUCKY] = np.where(labels[lucky, LUCKY] == 1, 0.999, frame[lucky, LUCKY])
+    temporal[:, BROAD] = _noisy(labels[:, BROAD], 4, rng, 3)
     return labels, frame, temporal, videos
 
 
 def test_a_gain_resting_on_one_video_stays_on_frame_a_broad_gain_moves():
     labels, frame, temporal, videos = _one_lucky_video()
+    lucky, broad = LABELS[LUCKY], LABELS[BROAD]
     plain = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, replicates=0))
-    lucky_gain = plain.evidence[LABELS[0]]["temporal_ap"] - plain.evidence[LABELS[0]]["frame_ap"]
-    assert lucky_gain > 0.03 and plain.routes[LABELS[0]] != "frame"  # the plain gain clears the margin ...
+    lucky_gain = plain.evidence[lucky]["temporal_ap"] - plain.evidence[lucky]["frame_ap"]
+    assert lucky_gain > 0.03 and plain.routes[lucky] != "frame"  # the plain gain clears the margin ...
     boot = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100))
-    assert boot.routes[LABELS[0]] == "frame"  # ... its bootstrap lower bound does not
-    assert boot.evidence[LABELS[0]]["temporal_gain_low"] <= 0.02
-    assert boot.routes[LABELS[1]] == "temporal" and boot.evidence[LABELS[1]]["temporal_gain_low"] > 0.02
-    assert all(boot.routes[label] == "frame" for label in LABELS[2:])  # no positive: frame
+    assert boot.routes[lucky] == "frame"  # ... its bootstrap lower bound does not
+    assert boot.evidence[lucky]["temporal_gain_low"] <= 0.02
+    assert boot.routes[broad] == "temporal" and boot.evidence[broad]["temporal_gain_low"] > 0.02
+    assert all(boot.routes[label] == "frame" for label in LABELS if label != broad)  # no positive: frame
     # the median replicate is about the observed gain: the lower quantile is what holds it back
     median = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, confidence=0.5, block_frames=100))
-    assert median.routes[LABELS[0]] != "frame"
+    assert median.routes[lucky] != "frame"
 
 
 @pytest.mark.parametrize("min_gain, moves", [(0.0, True), (0.5, False)])
 def test_the_margin_is_the_gain_a_route_must_clear(min_gain, moves):
     labels, frame, temporal, videos = _one_lucky_video()
     choice = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=min_gain, block_frames=100))
-    low = choice.evidence[LABELS[1]]["temporal_gain_low"]
-    assert 0.0 < low < 0.5 and (choice.routes[LABELS[1]] == "temporal") == moves
+    low = choice.evidence[LABELS[BROAD]]["temporal_gain_low"]
+    assert 0.0 < low < 0.5 and (choice.routes[LABELS[BROAD]] == "temporal") == moves
+
+
+def _regions(colon_lift: float, stomach_lift: float):
+    """Colon ranked far better by the temporal route; stomach by it with `stomach_lift` (frame: 1.5)."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    videos = np.repeat([f"v{i:02d}" for i in range(20)], 100)
+    labels = np.zeros((n, NUM_LABELS), np.uint8)
+    colon, stomach = LABEL_INDEX["colon"], LABEL_INDEX["stomach"]
+    labels[:, [colon, stomach]] = rng.random((n, 2)) < 0.3
+    frame = np.full((n, NUM_LABELS), 0.5, np.float32)
+    frame[:, [colon, stomach]] = _noisy(labels[:, [colon, stomach]], 1.5, rng, 1)
+    temporal = frame.copy()
+    temporal[:, colon] = _noisy(labels[:, colon], colon_lift, rng, 1)
+    temporal[:, stomach] = _noisy(labels[:, stomach], stomach_lift, rng, 1)
+    return labels, frame, temporal, videos
+
+
+def test_the_regions_share_one_route_chosen_on_their_mean_gain():
+    rule = RouteRule(min_gain=0.02, block_frames=100)
+    labels, frame, temporal, videos = _regions(colon_lift=6, stomach_lift=1.5)  # stomach: equal on average
+    grouped = choose_routes(labels, frame, temporal, videos, rule)
+    shared = {grouped.routes[label] for label in REGIONS}  # mouth, no positive, goes along
+    assert len(shared) == 1 and shared != {"frame"}
+    assert grouped.evidence["colon"]["route_group"] == "regions"
+    alone = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+                                                                     regions_together=False))
+    assert alone.routes["colon"] == "temporal" and alone.routes["mouth"] == "frame"
+    # the mean, not the best member: a stomach the temporal route ranks backwards holds the group back
+    labels, frame, temporal, videos = _regions(colon_lift=6, stomach_lift=-6)
+    assert {choose_routes(labels, frame, temporal, videos, rule).routes[label] for label in REGIONS} == {"frame"}
+    assert choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+                                                                    regions_together=False)).routes["colon"] == "temporal"
 
 
 def test_invalid_rows_are_left_out_of_the_evidence_and_the_bootstrap():

@@ -375,7 +375,7 @@ def test_auto_writes_each_labels_route_and_is_never_worse_than_frame_on_the_evid
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     # The plain rule (any AP gain moves a label): the tiny fit's gains are too small for the default
     # margin, and this test is about what the stage writes for each route (tests/test_route.py: the rule).
-    params["post"].update(probs="auto", route_min_gain=0.0, route_replicates=0)
+    params["post"].update(probs="auto", route_min_gain=0.0, route_replicates=0, route_regions_together=False)
     (workspace / "params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace) == 0
     route = json.loads((workspace / "temporal_route.json").read_text())
@@ -415,7 +415,7 @@ def test_choose_routes_takes_the_best_ap_and_gives_ties_and_empty_labels_to_fram
     frame[:, 2], temporal[:, 2] = (truth[:, 2] + rng.normal(0, 0.8, 400) for _ in range(2))  # independent errors
     # label 3: identical probabilities, a three-way tie
     frame, temporal = frame.astype(np.float32), temporal.astype(np.float32)
-    choice = choose_routes(labels, frame, temporal, rule=RouteRule(min_gain=0.02, block_frames=10))
+    choice = choose_routes(labels, frame, temporal, rule=RouteRule(min_gain=0.02, block_frames=10, regions_together=False))
     assert [choice.routes[LABELS[k]] for k in range(4)] == ["temporal", "frame", "blend", "frame"]
     assert all(choice.routes[label] == "frame" and choice.evidence[label]["frame_ap"] is None for label in LABELS[4:])
     mixed = mix(frame, temporal, choice.routes)

@@ -101,6 +101,7 @@ class PostParams(Section):
     route_confidence: Annotated[float, Field(ge=0.5, lt=1)]
     route_block_frames: Annotated[int, Field(ge=1)]
     route_replicates: Annotated[int, Field(ge=0)]
+    route_regions_together: bool
 
 
 class ScoreParams(Section):

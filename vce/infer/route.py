@@ -18,19 +18,22 @@ video, so a finding's run moves as a whole; the gain's `1 - post.route_confidenc
 (`bench/route_seeds.py`), choosing the highest AP outright sent region labels to `blend` on gains
 of 0.0007 AP and scored below the frame route on every seed. Labels without a validation
 positive stay on `frame`; of the routes that pass, the larger observed gain wins (ties in
-`ROUTES` order).
+`ROUTES` order). The five regions share one route, chosen on their mean gain
+(`post.route_regions_together`): the score engine decodes them as one monotone path from their
+joint probabilities, which must come from one model.
 
 Torch-free: detect and the stages import it.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from vce.core.errors import DataError
-from vce.core.labels import LABELS
+from vce.core.labels import LABELS, REGIONS
 from vce.eval.frame_metrics import frame_metrics
 
 ROUTES = ("frame", "blend", "temporal")  # in tie-break order: the frame model wins a tie
@@ -47,6 +50,7 @@ class RouteRule:
     block_frames: int = 250
     replicates: int = 200
     seed: int = 0
+    regions_together: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,22 @@ def bootstrap_gains(y: np.ndarray, scores: dict[str, np.ndarray], block: np.ndar
     return {route: np.concatenate(values) - frame for route, values in aps.items()}
 
 
+def route_units(rule: RouteRule) -> list[tuple[str, tuple[str, ...]]]:
+    """The groups of labels that share one route: the five regions together when
+    `rule.regions_together` (the score engine and the Viterbi decoder read them as one monotone
+    path from their joint probabilities, so their columns must come from one model), every
+    other label alone."""
+    together = [("regions", REGIONS)] if rule.regions_together else []
+    grouped = {label for _, members in together for label in members}
+    return together + [(label, (label,)) for label in LABELS if label not in grouped]
+
+
 def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: np.ndarray,
                   videos: np.ndarray | None = None, rule: RouteRule | None = None) -> RouteChoice:
     """Per label the route of `RouteRule` (default: its defaults): `frame` unless another route's
-    AP gain on (N, 17) validation labels beats `rule.min_gain` at its bootstrap lower bound.
-    `videos` (N,) gives each row's video, rows of a video contiguous (None: one video)."""
+    AP gain on (N, 17) validation labels beats `rule.min_gain` at its bootstrap lower bound (for a
+    group of `route_units`, the mean gain over its labels with a validation positive). `videos`
+    (N,) gives each row's video, rows of a video contiguous (None: one video)."""
     rule = rule or RouteRule()
     candidates = {"frame": frame_probs, "blend": blend(frame_probs, temporal_probs), "temporal": temporal_probs}
     # The rows every candidate scores (a paired comparison): an invalid frame is NaN in either model.
@@ -133,27 +148,40 @@ def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: n
               for route, probs in candidates.items()}
     videos = np.zeros(len(labels)) if videos is None else np.asarray(videos)
     blocks = bootstrap_blocks(videos[valid], rule) if valid.any() and rule.replicates else None
-    routes, evidence = {}, {}
+    routes, evidence, gains, observed = {}, {}, {}, {}
     for k, label in enumerate(LABELS):
         aps = {route: scored[route][label]["ap"] for route in ROUTES}
         evidence[label] = {"support": scored["frame"][label]["support"],
                            **{f"{route}_ap": None if ap is None else round(ap, 6) for route, ap in aps.items()}}
-        routes[label] = "frame"
         if any(ap is None for ap in aps.values()):
             continue
-        gains = {route: np.array([aps[route] - aps["frame"]]) for route in ROUTES[1:]}
+        observed[label] = {route: aps[route] - aps["frame"] for route in ROUTES[1:]}
+        gains[label] = {route: np.array([observed[label][route]]) for route in ROUTES[1:]}
         if blocks is not None:
-            gains = bootstrap_gains(labels[valid, k], {route: np.asarray(p, np.float64)[valid, k]
-                                                       for route, p in candidates.items()}, *blocks)
-        passing = {}
-        for route in ROUTES[1:]:
-            finite = gains[route][np.isfinite(gains[route])]  # a replicate may draw no positive
-            low = float(np.quantile(finite, 1 - rule.confidence)) if len(finite) else None
-            evidence[label][f"{route}_gain_low"] = None if low is None else round(low, 6)
-            if low is not None and low > rule.min_gain:
-                passing[route] = aps[route] - aps["frame"]
-        if passing:  # max() keeps the first of equal values: ROUTES order is the tie-break
-            routes[label] = max(passing, key=passing.get)
+            gains[label] = bootstrap_gains(labels[valid, k], {route: np.asarray(p, np.float64)[valid, k]
+                                                              for route, p in candidates.items()}, *blocks)
+    for unit, members in route_units(rule):
+        scored_members = [label for label in members if label in gains]
+        route = "frame"
+        if scored_members:
+            passing = {}
+            for other in ROUTES[1:]:
+                # (replicates,) the unit's mean gain; a replicate may draw no positive of a label
+                with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN replicate: dropped below
+                    unit_gain = np.nanmean([gains[label][other] for label in scored_members], axis=0)
+                finite = unit_gain[np.isfinite(unit_gain)]
+                low = float(np.quantile(finite, 1 - rule.confidence)) if len(finite) else None
+                for label in scored_members:
+                    evidence[label][f"{other}_gain_low"] = None if low is None else round(low, 6)
+                if low is not None and low > rule.min_gain:
+                    passing[other] = float(np.mean([observed[label][other] for label in scored_members]))
+            if passing:  # max() keeps the first of equal values: ROUTES order is the tie-break
+                route = max(passing, key=passing.get)
+        for label in members:
+            routes[label] = route
+            if len(members) > 1:
+                evidence[label]["route_group"] = unit
     return RouteChoice(routes, evidence)
 
 
