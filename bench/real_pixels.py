@@ -495,8 +495,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.work:
         work = Path(args.work)
-        if work.exists() and not args.reuse_frame_model:  # reuse keeps the model and predictions there
+        if work.exists() and not args.reuse_frame_model:
             shutil.rmtree(work)
+        elif (work / "videos").exists():  # reuse keeps the model and predictions; the videos are rebuilt
+            shutil.rmtree(work / "videos")
         work.mkdir(parents=True, exist_ok=True)
         result = run(work, args)
     else:
