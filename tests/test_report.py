@@ -347,7 +347,7 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     params["report"] = {**params["report"], **TINY, "timeline_dpi": 40}
     params["data"].update(root=str(tmp_path / "root"), test_root=str(tmp_path / "root"))
     params["score"]["test_gt"] = str(tmp_path / "test_gt.json")
-    params["post"] = {"probs": "frame"}
+    params["post"]["probs"] = "frame"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     argv = ["--params", str(tmp_path / "params.yaml"), "--probs", str(tmp_path / "val.parquet"),
             "--frames", str(tmp_path / "frames.parquet"), "--thresholds", str(tmp_path / "thresholds.json"),

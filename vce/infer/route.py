@@ -14,10 +14,9 @@ A label leaves the frame route only on evidence that beats noise (`RouteRule`): 
 route's AP gain over the frame route must exceed `post.route_min_gain` at the lower end of a
 paired block bootstrap (blocks of `post.route_block_frames` consecutive validation frames of one
 video, so a finding's run moves as a whole; the gain's `1 - post.route_confidence` quantile over
-`post.route_replicates` replicates). Measured on the demo over 3 training seeds before this rule
-(`bench/route_seeds.py`), choosing the highest AP outright sent region labels to `blend` on gains
-of 0.0007 AP and scored below the frame route on every seed. Labels without a validation
-positive stay on `frame`; of the routes that pass, the larger observed gain wins (ties in
+`post.route_replicates` replicates): choosing the highest AP outright moved labels on gains far
+inside the noise and scored below the frame route on held-out videos (docs/temporal.md, measured
+by `bench/route_seeds.py`). Labels without a validation positive stay on `frame`; of the routes that pass, the larger observed gain wins (ties in
 `ROUTES` order). The five regions share one route, chosen on their mean gain
 (`post.route_regions_together`): the score engine decodes them as one monotone path from their
 joint probabilities, which must come from one model.
