@@ -78,22 +78,32 @@ def fixed_routes(route: str) -> dict[str, str]:
     return dict.fromkeys(LABELS, route)
 
 
+def ranking(y_true: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One label's frames by descending score: (order, labels in that order as float64, mask of
+    the last frame of each run of equal scores: where a threshold step ends)."""
+    order = np.argsort(-scores, kind="stable")
+    ranked = scores[order]
+    return order, y_true[order].astype(np.float64), np.r_[ranked[1:] != ranked[:-1], True]
+
+
+def ranked_average_precision(y: np.ndarray, last_of_tie: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`average_precision` on a `ranking`: `weights` (R, N) already in its order."""
+    tp = np.cumsum(weights * y, axis=1)[:, last_of_tie]
+    fp = np.cumsum(weights * (1 - y), axis=1)[:, last_of_tie]
+    positives = tp[:, -1:]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall_step = np.diff(np.c_[np.zeros(len(weights)), tp], axis=1) / positives
+    return np.where(positives[:, 0] > 0, (recall_step * precision).sum(axis=1), np.nan)
+
+
 def average_precision(y_true: np.ndarray, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted average precision of one label for each row of `weights` (R, N): what
     scikit-learn's `average_precision_score` gives with `sample_weight` (equal scores form one
     step), here for many bootstrap replicates over one sort. (R,) float64; NaN where a row of
     weights holds no positive."""
-    order = np.argsort(-scores, kind="stable")
-    y, ranked = y_true[order].astype(np.float64), scores[order]
-    last_of_tie = np.r_[ranked[1:] != ranked[:-1], True]  # a threshold step at the last of equal scores
-    w = weights[:, order]
-    tp = np.cumsum(w * y, axis=1)[:, last_of_tie]
-    fp = np.cumsum(w * (1 - y), axis=1)[:, last_of_tie]
-    positives = tp[:, -1:]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
-        recall_step = np.diff(np.c_[np.zeros(len(w)), tp], axis=1) / positives
-    return np.where(positives[:, 0] > 0, (recall_step * precision).sum(axis=1), np.nan)
+    order, y, last_of_tie = ranking(y_true, scores)
+    return ranked_average_precision(y, last_of_tie, weights[:, order])
 
 
 def bootstrap_blocks(videos: np.ndarray, rule: RouteRule) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +113,7 @@ def bootstrap_blocks(videos: np.ndarray, rule: RouteRule) -> tuple[np.ndarray, n
     starts = np.r_[True, videos[1:] != videos[:-1]]
     video_index = np.cumsum(starts) - 1
     offset = np.arange(len(videos)) - np.flatnonzero(starts)[video_index]  # row within its video
-    block = np.cumsum(starts | (offset % rule.block_frames == 0)) - 1
+    block = np.cumsum(offset % rule.block_frames == 0) - 1  # a block starts every block_frames rows of a video
     n_blocks = int(block[-1]) + 1
     counts = np.random.default_rng(rule.seed).multinomial(n_blocks, np.full(n_blocks, 1 / n_blocks),
                                                            size=rule.replicates)
@@ -114,11 +124,13 @@ def bootstrap_gains(y: np.ndarray, scores: dict[str, np.ndarray], block: np.ndar
                     chunk: int = 8) -> dict[str, np.ndarray]:
     """Per route other than `frame`, (replicates,) its AP minus the frame route's AP on the same
     (paired) replicate. Replicates are expanded to frame weights `chunk` at a time: (chunk, N)."""
+    ranked = {route: ranking(y, values) for route, values in scores.items()}  # one sort per route
     aps = {route: [] for route in scores}
     for start in range(0, len(counts), chunk):
-        weights = counts[start:start + chunk][:, block].astype(np.float64)
-        for route, values in scores.items():
-            aps[route].append(average_precision(y, values, weights))
+        draw = counts[start:start + chunk]
+        for route, (order, y_ranked, last_of_tie) in ranked.items():
+            weights = draw[:, block[order]].astype(np.float64)  # (chunk, N) in the route's order
+            aps[route].append(ranked_average_precision(y_ranked, last_of_tie, weights))
     frame = np.concatenate(aps.pop("frame"))
     return {route: np.concatenate(values) - frame for route, values in aps.items()}
 
