@@ -82,3 +82,18 @@ def test_prompt_embeddings_are_the_same_bytes_whatever_the_cpu_kernels(tmp_path)
                    env={**os.environ, "OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default"})
     native, scalar = (hashlib.md5((tmp_path / name).read_bytes()).hexdigest() for name in ("native.pt", "scalar.pt"))
     assert native == scalar
+
+
+def test_bytecode_python_writes_beside_the_stage_sources_is_not_a_dvc_dependency():
+    """A user's Python (no PYTHONDONTWRITEBYTECODE) writes vce/**/__pycache__/*.pyc when a stage
+    imports the package; DVC must not count them, or every stage reads as changed after the
+    first run and dvc.lock records machine-specific hashes (.dvcignore)."""
+    from dvc.repo import Repo
+
+    ignore = Repo(str(ROOT)).dvcignore
+    for folder in ("vce", "vce/post", "vce/post/engine", "stages"):
+        cache = ROOT / folder / "__pycache__"
+        assert ignore.is_ignored_dir(str(cache)), f"{cache} is not in .dvcignore: DVC would hash its bytecode"
+        assert ignore.is_ignored_file(str(cache / "x.cpython-311.pyc"))
+        assert ignore.is_ignored_file(str(ROOT / folder / "x.pyc"))
+    assert not ignore.is_ignored_file(str(ROOT / "vce" / "post" / "arhmm.py"))  # the sources still count
