@@ -354,7 +354,7 @@ def test_each_switch_bias_is_decoded_on_its_own():
 
 def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policies():
     frame_probs, gt = _ar_videos(6, seed=7, step=1.5)  # a step the posterior is unsure of here and there
-    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0)
+    params = _engine_params(ar_runs=True, decoder_min_auc=0.75, min_gain_sqrt_videos=0.0)
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     policy = engine.policies["blood"]
     assert policy.kind == "runs" and policy.detector == "ar" and policy.ar_model["separation"] > 2.0
@@ -371,11 +371,11 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
     with_levels, without = blood[:6], blood[6:]
     assert all(a[:len(b)] == b for a, b in zip(with_levels, without))
     assert sum(len(a) - len(b) for a, b in zip(with_levels, without)) > 0
-    # Below the separation bar the label is not decoded at all; the threshold grid decides.
-    single = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=0.0, ar_off_phases=1, ar_on_phases=1)
+    # Below the AUC screen the label is not decoded at all; the threshold grid decides.
+    single = _engine_params(ar_runs=True, decoder_min_auc=0.75, min_gain_sqrt_videos=0.0, ar_off_phases=1, ar_on_phases=1)
     model = fit_engine(tuning_timeline(frame_probs, single), gt, single).policies["blood"].ar_model
     assert model["off_phases"] == [[1.0, model["p01"]]] and model["on_phases"] == [[1.0, model["p10"]]]
-    strict = _engine_params(ar_runs=True, ar_min_separation=1e6, min_gain_sqrt_videos=0.0)
+    strict = _engine_params(ar_runs=True, decoder_min_auc=1.0, min_gain_sqrt_videos=0.0)
     assert getattr(fit_engine(tuning_timeline(frame_probs, strict), gt, strict).policies["blood"], "detector", None) != "ar"
     # An engine from before the decoder (no "detector"), or an ar policy without its model or its
     # posterior levels, is refused.
@@ -392,7 +392,7 @@ def test_the_engine_picks_the_decoder_keeps_it_in_json_and_refuses_older_policie
 
 def test_a_silent_labels_decoded_runs_still_cut_the_regions():
     frame_probs, gt = _ar_videos(4, seed=11)
-    params = _engine_params(ar_runs=True, ar_min_separation=2.0, min_gain_sqrt_videos=10.0)  # every finding off
+    params = _engine_params(ar_runs=True, decoder_min_auc=0.75, min_gain_sqrt_videos=10.0)  # every finding off
     engine = fit_engine(tuning_timeline(frame_probs, params), gt, params)
     shadow = engine.policies["blood"].shadow
     assert engine.policies["blood"].kind == "off" and shadow.detector == "ar" and shadow.ar_model is not None

@@ -27,6 +27,7 @@ from vce.post.engine.candidates import (
 from vce.post.engine.gate import gate_evidence, gated
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import AnchoredPolicy, Engine, HeadPolicy, OffPolicy, RegionPolicy, RunSpec, RunsPolicy
+from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
@@ -90,6 +91,8 @@ def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path
     """A run spec's candidates; `appended` False: without the posterior runs (a shadow only cuts)."""
     k = LABEL_INDEX[label]
     runs = strength = alternatives = None
+    if spec.detector == "rank":
+        runs = quantile_runs(timeline, k, spec.share, spec.median_window)
     if spec.detector == "ar":
         runs = ar_runs(timeline, k, spec.ar_model, spec.ar_bias)
         strength = ar_run_strength(timeline, k, spec.ar_model, spec.ar_bias)

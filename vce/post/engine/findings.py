@@ -25,9 +25,10 @@ from vce.post.engine.candidates import (
     region_shares,
     run_candidates,
 )
-from vce.post.engine.gate import LabelObjective, fit_gate, fit_presence_model, presence_inputs
+from vce.post.engine.gate import LabelObjective, fit_gate, fit_presence_model, presence_inputs, presence_score
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import AnchoredPolicy, OffPolicy, Policy, RunsPolicy
+from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.variants import learn_anchors
 
 
@@ -61,48 +62,81 @@ def presence_rates(frame_labels: pd.DataFrame) -> dict:
 def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
                  labels: np.ndarray, rates: dict | None = None) -> dict[str, Policy]:
     """Per finding / landmark (LABELS order): the best of off, decoded runs (the threshold grid;
-    `ar_runs`: the autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
+    for labels that pass the decoder screen, `screened`, the rank detector's and, `ar_runs`, the
+    autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
 
     Emitting must beat silence by `min_gain_sqrt_videos` x sqrt(the number of tuning videos)
     summed AP (the summed gain's noise grows as its square root), and, for a label that
     every tuning video holds, weighed against the absent videos its presence rate says it will
     meet (`presence_weighting`, `rates`: `presence_rates` over every labelled video)."""
     margin = params.min_gain_sqrt_videos * np.sqrt(len(timeline.video_ids))
-    models = ar_models(timeline, params, labels)
+    passed = screened(timeline, params, labels)
+    models = ar_models(timeline, params, labels, passed)
     return {label: _label_policy(timeline, objective, params, path, gt, labels, label, (rates or {}).get(label), margin,
-                                 models.get(LABEL_INDEX[label]))
+                                 models.get(LABEL_INDEX[label]), LABEL_INDEX[label] in passed)
             for label in LABELS if label not in REGIONS}
 
 
-def ar_models(timeline, params: EngineParams, labels: np.ndarray) -> dict:
+def screened(timeline, params: EngineParams, labels: np.ndarray) -> set:
+    """Indices of the findings and landmarks whose tuning frames' probabilities rank above the
+    label's other frames by `decoder_min_auc` at least (`rank_auc`): the labels the rank detector
+    and the AR(1) decoder are tried for. A screen that assumes no noise model, so it does not
+    favour the model a decoder tests (the AR fit's own step in innovation units would)."""
+    return {LABEL_INDEX[label] for label in LABELS if label not in REGIONS
+            and rank_auc(clipped_logits(timeline.probs[LABEL_INDEX[label]]), labels[LABEL_INDEX[label]])
+            >= params.decoder_min_auc}
+
+
+def ar_models(timeline, params: EngineParams, labels: np.ndarray, passed: set) -> dict:
     """Label index -> the autoregressive model (`fit_ar_model`, on the tuning frames' `labels`)
-    of every finding and landmark that separates by `ar_min_separation` at least (`ar_runs`);
-    their decodings at each switch bias done together (`ar_decode_all`) and cached on `timeline`."""
+    of every label `passed` (`screened`; `ar_runs`); their decodings at each switch bias done
+    together (`ar_decode_all`) and cached on `timeline`."""
     if not params.ar_runs:
         return {}
     models = {}
-    for label in LABELS:
-        if label in REGIONS:
-            continue
-        k = LABEL_INDEX[label]
+    for k in sorted(passed):
         model = fit_ar_model(clipped_logits(timeline.probs[k]), labels[k], params.ar_off_phases, params.ar_on_phases)
-        if model is not None and model["separation"] >= params.ar_min_separation:
+        if model is not None:
             models[k] = model
     ar_decode_all(timeline, [(k, model, float(bias)) for k, model in models.items() for bias in params.ar_biases])
     return models
 
 
+def rank_auc(scores: np.ndarray, truth: np.ndarray, cap: int = 100_000) -> float:
+    """The ROC AUC of (P,) `scores` for (P,) int8 `truth` (1 on, 0 off, -1 not counted): the
+    share of (on, off) frame pairs the scores order right, ties half. At most `cap` frames of
+    each side are read, every n-th in time order (deterministic; the AUC's sampling error at
+    100,000 is ~0.002); 0.5 without frames on both sides."""
+    on, off = scores[truth == 1], scores[truth == 0]
+    if len(on) == 0 or len(off) == 0:
+        return 0.5
+    on, off = on[::-(-len(on) // cap)], np.sort(off[::-(-len(off) // cap)])
+    below = np.searchsorted(off, on, side="left") + np.searchsorted(off, on, side="right")
+    return float(below.sum() / (2.0 * len(on) * len(off)))
+
+
 def _label_policy(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                  labels: np.ndarray, label: str, rate: float | None, margin: float, model: dict | None) -> Policy:
-    """One label's policy (`phase_labels`; `model`: its `ar_models` entry), with its tuning AP per video and, when it is off,
-    the shadow of its best runs (`shadow_cuts`: they still cut the regions)."""
+                  labels: np.ndarray, label: str, rate: float | None, margin: float, model: dict | None,
+                  passed: bool) -> Policy:
+    """One label's policy (`phase_labels`; `model`: its `ar_models` entry; `passed`: the decoder
+    screen's verdict), with its tuning AP per video and, when it is off,
+    the shadow of its best runs (`shadow_cuts`: they still cut the regions).
+
+    `detector_choice: cross_fitted`: the detector (thresholded runs or the autoregressive HMM)
+    is the one whose selection scores best on held-out tuning videos (`_detector_family`), and
+    the label's runs are the best of that detector's decodings; `in_sample`: the best decoding
+    of either."""
     silent = objective.silent(label)
     weight, unseen = presence_weighting(objective.present[label], rate)
     best = (weight * float(silent.sum()) + unseen + margin, OffPolicy())  # beat silence by the margin
+    tried = list(_runs_policies(timeline, objective, params, path, gt, model, label, passed))
+    detectors = None
+    if params.detector_choice == "cross_fitted":
+        detectors = _detector_family(tried, silent, params.presence_features)
     best_runs = None  # the best runs even if they lose to silence
-    for value, policy in _runs_policies(timeline, objective, params, path, gt, model, label):
+    for value, policy, _, _ in tried:
         value *= weight
-        if value > best[0] + 1e-12:
+        if (detectors is None or policy.detector == detectors["chosen"]) and value > best[0] + 1e-12:
             best = (value, policy)
         if best_runs is None or value > best_runs[0] + 1e-12:
             best_runs = (value, policy)
@@ -114,21 +148,64 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
     value, policy = best
     off = isinstance(policy, OffPolicy)
     tuning_ap = round((value - margin if off else value) / max(len(silent), 1), 4)
+    policy = replace(policy, tuning_ap=tuning_ap, detectors=detectors)
     if off and params.shadow_cuts and best_runs is not None:
-        return replace(policy, tuning_ap=tuning_ap, shadow=best_runs[1].spec())
-    return replace(policy, tuning_ap=tuning_ap)
+        return replace(policy, shadow=best_runs[1].spec())
+    return policy
+
+
+def _detector_family(tried: list, silent: np.ndarray, names) -> dict | None:
+    """The detector whose decodings generalise best across tuning videos: {"chosen": detector,
+    "held_out": {detector: summed AP}}, or None with fewer than 4 tuning videos or one detector.
+
+    Per detector, each half of the tuning videos (alternate videos) is scored by the decoding and
+    gate that win on the other half (`_best_gate` there, its gate applied here), so a detector
+    with many free settings (the AR model's, a grid's) is not credited for fitting the videos
+    it is scored on. `tried`: `_runs_policies`' (value, policy, per-video AP, gate features)."""
+    families: dict = {}
+    for _, policy, per_video, features in tried:
+        families.setdefault(policy.detector, []).append((per_video, features))
+    if len(families) < 2 or len(silent) < 4:
+        return None
+    fold = np.arange(len(silent)) % 2
+    held_out = {detector: round(sum(_held_out_value(items, silent, names, fold == f) for f in (0, 1)), 6)
+                for detector, items in families.items()}
+    chosen = max(held_out, key=lambda d: (held_out[d], d == "threshold"))  # ties: the simpler detector
+    return {"chosen": chosen, "held_out": held_out}
+
+
+def _held_out_value(items: list, silent: np.ndarray, names, scored: np.ndarray) -> float:
+    """Summed AP over the videos `scored` of the (per-video AP, features) decoding whose best
+    gate wins on the other videos, that gate applied (silence where none applies)."""
+    learn = ~scored
+    best = None
+    for per_video, features in items:
+        value, gate, extra = _best_gate({name: x[learn] for name, x in features.items()}, per_video[learn],
+                                        silent[learn], names)
+        if extra is not None and (best is None or value > best[0] + 1e-12):
+            best = (value, gate, extra, per_video, features)
+    if best is None:
+        return float(silent[scored].sum())
+    _, gate, extra, per_video, features = best
+    if extra["evidence"] == "joint":
+        evidence = presence_score(presence_inputs(features), extra["presence_model"])[scored]
+    else:
+        evidence = features[extra["evidence"]][scored]
+    admitted = np.isfinite(evidence) & (True if gate is None else evidence >= gate)
+    return float(np.where(admitted, per_video[scored], silent[scored]).sum())
 
 
 def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                   model: dict | None, label: str):
-    """(summed tuning AP, runs policy) of every run decoding and minimum length tried for
-    `label` (`model`: its autoregressive model, `ar_models`), each with its best presence gate."""
+                   model: dict | None, label: str, passed: bool):
+    """(summed tuning AP, runs policy, per-video AP ungated, gate features) of every run decoding
+    and minimum length tried for `label` (`model`: its autoregressive model, `ar_models`;
+    `passed`: the decoder screen's verdict), each with its best presence gate."""
     k = LABEL_INDEX[label]
     silent = objective.silent(label)
     regions = learn_compatibility(gt, label, params.compatibility_min_share) \
         if params.compatibility and label not in LANDMARKS else None
     shares = region_shares(gt, label)  # the region context of its presence evidence
-    for spec, runs, strength in _decodings(timeline, k, params, model):
+    for spec, runs, strength in _decodings(timeline, k, params, model, passed):
         for min_length in params.min_lengths:
             candidates = run_candidates(timeline, k, spec["threshold"], spec["median_window"], min_length,
                                         params.top_k, runs, path=path, regions=regions, shares=shares,
@@ -140,15 +217,16 @@ def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, pa
             if extra is None:
                 continue
             yield value, RunsPolicy(**spec, min_length=int(min_length), regions=regions, shares=shares, gate=gate,
-                                    **extra)
+                                    **extra), per_video, candidates.features
 
 
-def _decodings(timeline, k: int, params: EngineParams, model: dict | None):
+def _decodings(timeline, k: int, params: EngineParams, model: dict | None, passed: bool):
     """(run spec, (starts, ends), strength or None) of every run decoding tried for label k: the
-    threshold grid, then (`model`, its `ar_models` entry: fitted on the tuning frames, separating
-    the label by `ar_min_separation` at least) the autoregressive HMM at each switch bias (its
-    runs ranked by `ar_run_strength`). Its spec carries `ar_levels`, but the choice and
-    the gate read the decoded runs alone: the posterior runs are appended where it is emitted
+    threshold grid; where the label `passed` the decoder screen (`screened`), the rank detector
+    at each share and window (`quantile_runs`); then (`model`, its `ar_models` entry, fitted on
+    the tuning frames) the autoregressive HMM at each switch bias (its runs ranked by
+    `ar_run_strength`). Its spec carries `ar_levels`, but the choice and the gate read the
+    decoded runs alone: the posterior runs are appended where it is emitted
     (`vce.post.engine.apply`)."""
     for threshold in params.thresholds:
         for ratio in params.hysteresis:
@@ -156,6 +234,12 @@ def _decodings(timeline, k: int, params: EngineParams, model: dict | None):
                 spec = {"detector": "threshold", "threshold": float(threshold), "ratio": float(ratio),
                         "median_window": int(window)}
                 yield spec, hysteresis_runs(timeline, k, threshold, ratio, window), None
+    if passed:  # the label passed the decoder screen (`screened`): the rank detector too
+        for share in params.rank_shares:
+            for window in params.median_windows:
+                spec = {"detector": "rank", "threshold": None, "ratio": 1.0, "median_window": int(window),
+                        "share": float(share)}
+                yield spec, quantile_runs(timeline, k, share, window), None
     if not params.ar_runs or model is None:
         return
     for bias in params.ar_biases:

@@ -43,7 +43,9 @@ class EngineParams(Section):
     ar_off_phases: int = Field(ge=1)
     ar_on_phases: int = Field(ge=1)
     ar_levels: list[Annotated[float, Field(gt=0, lt=1)]]
-    ar_min_separation: float = Field(ge=0)
+    decoder_min_auc: float = Field(ge=0, le=1)
+    rank_shares: list[Annotated[float, Field(gt=0, lt=1)]]
+    detector_choice: Literal["in_sample", "cross_fitted"]
     compatibility: bool
     compatibility_min_share: float = Field(ge=0, lt=1)
     top_k: int = Field(ge=1)

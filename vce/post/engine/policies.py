@@ -40,13 +40,17 @@ def _build(cls, data: dict, lacking: list[str], **parsed):
 
 
 def _tuning(policy) -> dict:
-    return {} if policy.tuning_ap is None else {"tuning_ap": policy.tuning_ap}
+    out = {} if policy.tuning_ap is None else {"tuning_ap": policy.tuning_ap}
+    if getattr(policy, "detectors", None) is not None:
+        out["detectors"] = policy.detectors
+    return out
 
 
 @dataclass(kw_only=True)
 class RunSpec:
     """How a label's runs are decoded: `detector` "threshold" (`hysteresis_runs` at `threshold`
-    with low/high `ratio`, median-filtered over `median_window`) or "ar" (`vce.post.arhmm`'s
+    with low/high `ratio`, median-filtered over `median_window`), "rank" (`quantile_runs`: each
+    video's top `share` of frames, median-filtered) or "ar" (`vce.post.arhmm`'s
     `ar_model` at `ar_bias`, its posterior runs at `ar_levels` appended), runs of at least
     `min_length` frames whose middle lies in `regions` of the decoded path (None: anywhere).
     On its own: the shadow runs of a label left silent, which only cut the regions."""
@@ -60,8 +64,11 @@ class RunSpec:
     ar_model: dict | None = None
     ar_bias: float | None = None
     ar_levels: list | None = None
+    share: float | None = None
 
     def _ar(self) -> dict:
+        if self.detector == "rank":
+            return {"share": self.share}
         if self.detector != "ar":
             return {}
         return {"ar_model": self.ar_model, "ar_bias": self.ar_bias, "ar_levels": self.ar_levels}
@@ -78,6 +85,8 @@ class RunSpec:
     @classmethod
     def from_dict(cls, data: dict, lacking: list[str] | None = None):
         lacking = list(lacking or [])
+        if data.get("detector") == "rank" and "share" not in data:
+            lacking.append("share")
         if data.get("detector") == "ar":
             lacking += [key for key in ("ar_model", "ar_bias", "ar_levels") if key not in data]
             if isinstance(data.get("ar_model"), dict):
@@ -97,6 +106,7 @@ class RunsPolicy(RunSpec):
     evidence: str
     presence_model: dict | None = None
     tuning_ap: float | None = None
+    detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
 
     def to_dict(self) -> dict:
         joint = {"presence_model": self.presence_model} if self.evidence == "joint" else {}
@@ -117,6 +127,7 @@ class OffPolicy:
 
     kind: ClassVar[str] = "off"
     tuning_ap: float | None = None
+    detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
     shadow: RunSpec | None = None
 
     def to_dict(self) -> dict:
@@ -136,6 +147,7 @@ class AnchoredPolicy:
     anchors: list
     gate: float | None
     tuning_ap: float | None = None
+    detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "anchors": self.anchors, "gate": self.gate, **_tuning(self)}
