@@ -87,7 +87,7 @@ def _record(engine: Engine, probs) -> dict:
 def compute() -> dict:
     """Every case's record (`_record`): what the golden file holds. The sim cases choose the
     detector in-sample (`detector_choice`), as the record made before the speed work did: on
-    their 4 tuning videos the held-out choice moves angiectasia off the AR decoder, and these
+    their 5 tuning videos the held-out choice moves angiectasia off the AR decoder, and these
     cases are there to hold its speed-ups; `sim1_cross_fitted` holds params.yaml's choice itself."""
     params = load_section(ROOT / "params.yaml", "thresholds", ThresholdParams).engine
     out = {}
