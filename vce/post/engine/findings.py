@@ -25,7 +25,7 @@ from vce.post.engine.candidates import (
     region_shares,
     run_candidates,
 )
-from vce.post.engine.gate import LabelObjective, fit_gate, fit_presence_model, presence_inputs, presence_score
+from vce.post.engine.gate import LabelObjective, evidence_of, fit_gate, fit_presence_model, presence_inputs
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import AnchoredPolicy, OffPolicy, Policy, RunsPolicy
 from vce.post.engine.quantile_runs import quantile_runs
@@ -122,10 +122,10 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
     screen's verdict), with its tuning AP per video and, when it is off,
     the shadow of its best runs (`shadow_cuts`: they still cut the regions).
 
-    `detector_choice: cross_fitted`: the detector (thresholded runs or the autoregressive HMM)
-    is the one whose selection scores best on held-out tuning videos (`_detector_family`), and
-    the label's runs are the best of that detector's decodings; `in_sample`: the best decoding
-    of either."""
+    `detector_choice: cross_fitted`: the detector (thresholded runs, rank, the autoregressive
+    HMM) is the one whose selection scores best on held-out tuning videos (`_detector_family`),
+    and the label's runs are the best of that detector's decodings; `in_sample`: the best
+    decoding of any."""
     silent = objective.silent(label)
     weight, unseen = presence_weighting(objective.present[label], rate)
     best = (weight * float(silent.sum()) + unseen + margin, OffPolicy())  # beat silence by the margin
@@ -187,10 +187,7 @@ def _held_out_value(items: list, silent: np.ndarray, names, scored: np.ndarray) 
     if best is None:
         return float(silent[scored].sum())
     _, gate, extra, per_video, features = best
-    if extra["evidence"] == "joint":
-        evidence = presence_score(presence_inputs(features), extra["presence_model"])[scored]
-    else:
-        evidence = features[extra["evidence"]][scored]
+    evidence = evidence_of(features, extra["evidence"], extra.get("presence_model"))[scored]
     admitted = np.isfinite(evidence) & (True if gate is None else evidence >= gate)
     return float(np.where(admitted, per_video[scored], silent[scored]).sum())
 

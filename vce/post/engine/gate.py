@@ -202,9 +202,14 @@ def fit_presence_model(inputs: np.ndarray, gain: np.ndarray, folds: int = 5) -> 
 
 def gate_evidence(features: dict, policy: RunsPolicy) -> np.ndarray:
     """(V,) the evidence a thresholded-run policy's gate reads: one feature, or the presence model's score."""
-    if policy.evidence == "joint":
-        return presence_score(presence_inputs(features), policy.presence_model)
-    return features[policy.evidence]
+    return evidence_of(features, policy.evidence, policy.presence_model)
+
+
+def evidence_of(features: dict, name: str, presence_model: dict | None = None) -> np.ndarray:
+    """(V,) gate evidence `name` (a `PRESENCE_FEATURES` name, or "joint": `presence_model`'s score)."""
+    if name == "joint":
+        return presence_score(presence_inputs(features), presence_model)
+    return features[name]
 
 
 def gated(candidates: Candidates, gate: float | None) -> Candidates:
