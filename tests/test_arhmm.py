@@ -53,8 +53,7 @@ def _viterbi_loop(emission, log_trans, on, first, last):
 
 
 @pytest.mark.parametrize("n_states", [2, 3, 5])
-def test_the_chain_path_is_the_frame_by_frame_viterbi_path_of_every_video(monkeypatch, n_states):
-    monkeypatch.setattr(arhmm, "CHUNK", 7)  # scores laid out over several chunks
+def test_the_chain_path_is_the_frame_by_frame_viterbi_path_of_every_video(n_states):
     rng = np.random.default_rng(n_states)
     on = np.arange(n_states) >= n_states // 2
     for length in (1, 2, 3, 9, 64, 300):
@@ -67,9 +66,8 @@ def test_the_chain_path_is_the_frame_by_frame_viterbi_path_of_every_video(monkey
     assert chain_path(np.zeros((4, 3)), np.zeros((2, 2)), np.array([False, True]), [], []).tolist() == [0, 0, 0]
 
 
-def test_chains_of_different_phase_counts_decoded_together_each_get_their_own_viterbi_path(monkeypatch):
-    """`chain_paths` pads the smaller chains: each path is the frame-by-frame Viterbi of its chain alone."""
-    monkeypatch.setattr(arhmm, "CHUNK", 3)  # several chunks, and the rows of ended videos inside one
+def test_chains_of_different_phase_counts_decoded_together_each_get_their_own_viterbi_path():
+    """`chain_paths` of chains of different phase counts: each path is the frame-by-frame Viterbi of its chain alone."""
     rng = np.random.default_rng(7)
     length = 400
     first, last = np.array([0, 50, 57, 300]), np.array([49, 56, 299, 399])

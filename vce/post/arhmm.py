@@ -20,8 +20,8 @@ ground truth's runs come in clusters, most gaps a few frames long. The most prob
 
 - `fit_ar_model`: least squares over consecutive observed, labelled tuning frames, and the phases.
 - `ar_runs`: the decoded runs of one label on a timeline, trimmed to their observed frames.
-- `chain_path`: that Viterbi, one frame at a time for all videos at once (`chain_paths`: for
-  several chains at once; `ar_decode_all` decodes several labels so).
+- `chain_path`: that Viterbi, one video and one frame at a time, compiled (`vce.post.kernels`;
+  `chain_paths`: several chains; `ar_decode_all` decodes several labels).
 - `chain_posterior`: the same chain's forward-backward, P(on) at every position, blocked.
 - `ar_posterior_runs`: the runs of that posterior above some levels that the path did not
   decode, the other answers where a boundary or a short gap is uncertain.
@@ -38,14 +38,13 @@ import numpy as np
 from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
+from vce.post.kernels import viterbi_path
 from vce.post.runs import last_axis_max, runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
 PHASE_LENGTHS = 10  # stretches per length phase at least (`fit_phases`)
 EM_STEPS = 200  # EM iterations of `fit_phases`
-CHUNK = 2048  # frames whose scores `chain_path` lays out at once
 BLOCK = 512  # positions per block of `chain_posterior`
-DECODE_BATCH = 4  # decodings `ar_decode_all` lays out at once (memory: 4 x 8 bytes x 4 scores a frame each)
 # What a fitted model must hold for the decoder (`fit_ar_model`; `separation` is informative only).
 AR_MODEL_KEYS = ("a", "b", "g", "rho", "sigma", "p01", "p10", "off_phases", "on_phases")
 
@@ -162,81 +161,25 @@ def chain_path(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, firs
 
     `emission` (4, P): the score of each (x_{t-1}, x_t) on/off pair at t, rows 00, 01, 10, 11
     (`innovation_scores`); `log_trans` (n, n) and `on` (n,): `phase_chain`. One chain of
-    `chain_paths`, which decodes several at once."""
+    `chain_paths`, which decodes several."""
     return chain_paths([emission], [(log_trans, on)], first, last)[0]
 
 
 def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
     """`chain_path` of several chains on the same videos: per chain i, the path of
-    `emissions[i]` (4, P) under `chains[i]` = (log_trans, on), each as `chain_path` alone gives it.
+    `emissions[i]` (4, P) under `chains[i]` = (log_trans, on).
 
-    The textbook Viterbi recursion, one frame at a time but every (video, chain) at once (longest
-    video first, so the rows still running are a prefix), the scores of a chunk of frames laid
-    out together. A chain of fewer phases is padded with unreachable ones (-inf transitions,
-    after its own, so they never win a max nor an argmax tie) and computes exactly the sums it
-    computes alone. Each step holds only the sum and the max; the back pointers of a chunk are
-    the argmax of the same sums, recomputed for the whole chunk in one pass."""
-    n_chains = len(chains)
-    size = emissions[0].shape[1] if n_chains else 0
-    paths = [np.zeros(size, np.int8) for _ in range(n_chains)]
+    The textbook Viterbi recursion, one video and one frame at a time, compiled
+    (`vce.post.kernels.viterbi_path`: the sums and ties of the numpy layout it replaced)."""
     lengths = np.asarray(last, np.int64) - np.asarray(first, np.int64) + 1
-    if len(lengths) == 0 or n_chains == 0:
-        return paths
-    n = max(len(on) for _, on in chains)
-    x = np.zeros((n_chains, n), np.int64)  # padded phases: off (their pair row is never reached)
-    trans = np.full((n_chains, n, n), -np.inf)
-    for c, (log_trans, on) in enumerate(chains):
-        x[c, :len(on)] = np.asarray(on, np.int64)
-        trans[c, :len(on), :len(on)] = log_trans
-    pair = 2 * x[:, :, None] + x[:, None, :]  # (C, n, n) emission row of a state pair
-    order = np.argsort(-lengths, kind="stable")
-    starts, lengths = np.asarray(first, np.int64)[order], lengths[order]
-    n_videos, longest = len(lengths), int(lengths[0])
-    running = n_chains * np.searchsorted(-lengths, -np.arange(longest), side="left")  # rows longer than t
-    rows = n_videos * n_chains  # row v * C + c: video order[v], chain c
-    chunk_size = max(1, CHUNK * 80 // max(rows, 80))  # frames laid out at once: CHUNK for up to 80 rows
-    # 1. Forward: delta[j, r], the best score of a path of row r in state j at t; back[t, j, r]
-    #    its state at t - 1. Rows last (R contiguous): the max over the previous state is then
-    #    a reduction over the leading axis, several times cheaper than over a middle one of 5.
-    delta = np.full((n, rows), -np.inf)
-    delta[0] = 0.0
-    back = np.zeros((longest, n, rows), np.int8)
-    running = running.tolist()
-    for chunk in range(1, longest, chunk_size):
-        stop, width = min(chunk + chunk_size, longest), running[chunk]
-        positions = np.minimum(starts[None, :width // n_chains] + np.arange(chunk, stop)[:, None], size - 1)
-        scores = np.empty((stop - chunk, n, n, width))  # (L, n_i, n_j, R)
-        for c in range(n_chains):
-            laid = emissions[c][:, positions][pair[c]] + trans[c][:, :, None, None]  # (n, n, L, V)
-            scores[..., c::n_chains] = laid.transpose(2, 0, 1, 3)
-        # history[i]: delta at t - 1 for t = chunk + i (zeros where a row has ended: never read).
-        history = np.zeros((stop - chunk + 1, n, width))
-        history[0] = delta[:, :width]
-        # Every row of the chunk at every step: a row that has ended computes sums that are never
-        # read (its delta is taken at its last step), cheaper than slicing the rows still running.
-        options = np.empty((n, n, width))
-        for i in range(stop - chunk):
-            np.add(history[i][:, None], scores[i], out=options)
-            np.maximum.reduce(options, axis=0, out=history[i + 1])  # np.max without its wrapper
-        ends = np.minimum(np.repeat(lengths[:width // n_chains], n_chains), stop) - chunk  # each row's last step
-        delta[:, :width] = history[ends, :, np.arange(width)].T
-        # The same sums for the whole chunk: their argmax is each step's back pointer.
-        for t in range(chunk, stop, 64):
-            end, w = min(t + 64, stop), running[t]
-            sums = history[t - chunk:end - chunk, :, None, :w] + scores[t - chunk:end - chunk, ..., :w]
-            back[t:end, :, :w] = sums.argmax(axis=1)
-    # 2. Backward from each row's best last state.
-    state = delta.argmax(axis=0)
-    states = np.empty((longest, rows), np.int8)
-    index = np.arange(rows)
-    for t in range(longest - 1, -1, -1):
-        w = running[t]
-        states[t, :w] = state[:w]
-        if t:
-            state[:w] = back[t, state[:w], index[:w]]
-    for v in range(n_videos):
-        for c in range(n_chains):
-            paths[c][starts[v]:starts[v] + lengths[v]] = x[c][states[:lengths[v], v * n_chains + c]]
+    starts = np.asarray(first, np.int64)
+    paths = []
+    for emission, (log_trans, on) in zip(emissions, chains):
+        path = np.zeros(emission.shape[1], np.int8)
+        if len(lengths):
+            viterbi_path(np.ascontiguousarray(emission, np.float64), np.ascontiguousarray(log_trans, np.float64),
+                         np.asarray(on, np.int8), starts, lengths, path)
+        paths.append(path)
     return paths
 
 
@@ -390,23 +333,15 @@ def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tup
 
 
 def ar_decode_all(timeline, decodings) -> None:
-    """Decode every (k, model, bias) of `decodings` that the timeline's cache lacks, up to
-    `DECODE_BATCH` at once (`chain_paths`: one Viterbi loop over the frames for all of them),
-    into the cache `ar_runs` and `ar_run_strength` read: the same runs, decoded together."""
-    missing: dict = {}
+    """Decode every (k, model, bias) of `decodings` that the timeline's cache lacks (`chain_paths`),
+    into the cache `ar_runs` and `ar_run_strength` read."""
     for k, model, bias in decodings:
         key = _key(k, model, bias)
         if key not in timeline.prob_cums:
-            missing.setdefault(key, (k, model, float(bias)))
-    todo = list(missing.items())
-    for batch in range(0, len(todo), DECODE_BATCH):
-        items = todo[batch:batch + DECODE_BATCH]
-        chains = [_chain(timeline, clipped_logits(timeline.probs[k]), model, bias) for _, (k, model, bias) in items]
-        first, last = chains[0][3], chains[0][4]
-        paths = chain_paths([c[0] for c in chains], [(c[1], c[2]) for c in chains], first, last)
-        for (key, _), chain, path in zip(items, chains, paths):
+            scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
+            path = chain_path(scores, log_trans, on, first, last)
             starts, ends = _observed_runs(path.astype(bool), timeline.observed)
-            timeline.prob_cums[key] = starts, ends, _strength(chain[0], starts, ends)
+            timeline.prob_cums[key] = starts, ends, _strength(scores, starts, ends)
 
 
 def _key(k: int, model: dict, bias: float) -> tuple:

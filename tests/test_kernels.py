@@ -1,0 +1,52 @@
+"""The compiled kernels (vce/post/kernels.py) give the bits of the numpy code they replaced
+(tests/reference_kernels.py), on random cases of several shapes and on ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference_kernels as reference
+
+from vce.post.arhmm import chain_paths
+
+
+def _videos(rng, length, n_videos):
+    cuts = np.sort(rng.choice(np.arange(1, length), min(n_videos - 1, length - 1), replace=False))
+    return np.r_[0, cuts], np.r_[cuts - 1, length - 1]
+
+
+@pytest.mark.parametrize("chunk", [3, 64, 2048])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_viterbi_is_the_numpy_layouts_path_on_random_chains(monkeypatch, seed, chunk):
+    monkeypatch.setattr(reference, "CHUNK", chunk)  # the reference over one chunk or many
+    rng = np.random.default_rng(seed)
+    for length in (1, 2, 5, 300, 3000):
+        for n_videos in (1, 3, 7):
+            first, last = _videos(rng, length, n_videos)
+            chains, emissions = [], []
+            for n_states in (2, 5, 3, 1 + seed % 5):
+                off = rng.integers(1, n_states) if n_states > 1 else 1
+                chains.append((rng.normal(size=(n_states, n_states)) * 2, np.arange(n_states) >= off))
+                emissions.append(rng.normal(size=(4, length)) * 3)
+            for got, want in zip(chain_paths(emissions, chains, first, last),
+                                 reference.chain_paths(emissions, chains, first, last)):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_the_compiled_viterbi_breaks_ties_and_unreachable_phases_as_numpy_does():
+    """Rounded scores (many exact ties), -inf transitions (phases no path enters) and all-equal
+    emissions: the same first-index choice at every max and at the last step."""
+    rng = np.random.default_rng(11)
+    length = 500
+    first, last = _videos(rng, length, 4)
+    chains, emissions = [], []
+    for n_states in (2, 3, 5):
+        log_trans = np.round(rng.normal(size=(n_states, n_states)))
+        log_trans[rng.random((n_states, n_states)) < 0.3] = -np.inf
+        chains.append((log_trans, np.arange(n_states) >= n_states // 2))
+        emissions.append(np.round(rng.normal(size=(4, length))))
+    chains.append((np.zeros((4, 4)), np.array([False, False, True, True])))
+    emissions.append(np.zeros((4, length)))
+    for got, want in zip(chain_paths(emissions, chains, first, last),
+                         reference.chain_paths(emissions, chains, first, last)):
+        np.testing.assert_array_equal(got, want)
