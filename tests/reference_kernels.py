@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from vce.post.runs import last_axis_max
+
 CHUNK = 2048  # frames whose scores `chain_paths` lays out at once
+BLOCK = 512  # positions per block of `chain_posterior`
 
 
 def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
@@ -80,3 +83,110 @@ def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
         for c in range(n_chains):
             paths[c][starts[v]:starts[v] + lengths[v]] = x[c][states[:lengths[v], v * n_chains + c]]
     return paths
+
+
+def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, first, last,
+                    block: int = BLOCK) -> np.ndarray:
+    """(P,) the posterior probability that the label is on at each position, for the phase
+    chain of `chain_path` (same arguments, the same videos [first[v], last[v]] each starting in
+    state 0): forward-backward, summed over the paths where `chain_path` takes the best one.
+
+    Scaled forward-backward, blocked so that numpy works on all positions at once: the product
+    of each `block` positions' transfer matrices (transition x pair emission), every block in
+    parallel; one pass over the blocks in order (forwards, then backwards) for the messages at
+    the block edges; then the positions inside every block, in parallel again. A video's start
+    is a reset (every state goes to state 0 there), so videos never see each other. Each
+    pair's emission is floored 300 nats below the position's best pair: no path is impossible,
+    so no message underflows to zero."""
+    n, x = len(on), np.asarray(on, bool)
+    size = emission.shape[1]
+    if size == 0 or len(first) == 0:  # no video (an empty test set): no position is ever on
+        return np.zeros(size)
+    blocks = -(-size // block)
+    lik = np.ones((4, blocks * block))
+    lik[:, :size] = np.exp(np.maximum(emission - emission.max(axis=0), -300.0))
+    reset = np.ones(blocks * block, bool)
+    reset[:size] = False
+    reset[np.asarray(first, np.int64)] = True
+    reset[:int(np.min(first)) + 1] = True  # positions before every video
+    trans = np.exp(log_trans)
+    # The transfer matrix at t is trans[i, j] * lik[2 x_i + x_j, t]: split by the state left,
+    # m @ M_t = (m[.., off] @ trans[off]) * lik[x_j, t] + (m[.., on] @ trans[on]) * lik[2 + x_j, t].
+    from_off, from_on = trans[~x], trans[x]
+    rows = np.flatnonzero(~x), np.flatnonzero(x)
+    code = x.astype(np.int64), 2 + x.astype(np.int64)  # the pair row entered from off / from on, per state
+    # Laid out by offset inside the block: offset r reads one contiguous (blocks, 4) slab.
+    laid, resets = _by_offset(lik, blocks, block), reset.reshape(blocks, block).T.copy()  # (block, blocks, 4), (block, blocks)
+
+    def step(m: np.ndarray, r: int) -> np.ndarray:  # m (blocks, [n,] n) times every block's transfer at offset r
+        shape = (blocks,) + (1,) * (m.ndim - 2) + (n,)
+        flat = m.reshape(-1, n)  # one matrix product per state left, over every block's rows
+        out = (flat[:, ~x] @ from_off).reshape(m.shape)
+        out *= laid[r][:, code[0]].reshape(shape)
+        entered_on = (flat[:, x] @ from_on).reshape(m.shape)
+        entered_on *= laid[r][:, code[1]].reshape(shape)
+        out += entered_on
+        restart = resets[r]
+        if restart.any():
+            out[restart] = 0.0
+            out[restart, ..., 0] = m[restart].sum(axis=-1)
+        return out
+
+    def back(m: np.ndarray, r: int) -> np.ndarray:  # every block's transfer at offset r times m (blocks, n)
+        here = laid[r]
+        lo, hi = m * here[:, code[0]], m * here[:, code[1]]
+        out = np.empty_like(m)
+        out[:, rows[0]] = lo @ from_off.T
+        out[:, rows[1]] = hi @ from_on.T
+        out[resets[r]] = m[resets[r], :1]
+        return out
+
+    def normalised(m: np.ndarray) -> np.ndarray:
+        return m / last_axis_max(m)[..., None]
+
+    # 1. Each block's product, row-scaled (a row is the state the block is entered from):
+    #    scale[b, i] the log of what was divided out of row i.
+    product = np.broadcast_to(np.eye(n), (blocks, n, n)).copy()
+    scale = np.zeros((blocks, n))
+    for r in range(block):
+        product = step(product, r)
+        top = last_axis_max(product)
+        scale += np.log(top)
+        product /= top[:, :, None]
+    # 2. The messages at the block edges: forward into each block, backward out of it.
+    into, out_of = np.zeros((blocks, n)), np.zeros((blocks, n))
+    message = np.zeros(n)
+    message[0] = 1.0
+    with np.errstate(divide="ignore"):
+        for b in range(blocks):
+            into[b] = message
+            weight = np.log(message) + scale[b]
+            message = normalised(np.exp(weight - weight.max()) @ product[b])
+        message = np.ones(n)
+        for b in range(blocks - 1, -1, -1):
+            out_of[b] = message
+            weight = np.log(product[b] @ message) + scale[b]
+            message = np.exp(weight - weight.max())
+    # 3. Inside the blocks, in parallel: forward, then backward with the posterior.
+    forward = np.empty((block, blocks, n))
+    alpha = into
+    for r in range(block):
+        alpha = normalised(step(alpha, r))
+        forward[r] = alpha
+    posterior = np.empty((block, blocks))
+    beta = out_of
+    for r in range(block - 1, -1, -1):
+        joint = forward[r] * beta
+        posterior[r] = joint[:, x].sum(axis=1) / joint.sum(axis=1)
+        beta = normalised(back(beta, r))
+    return posterior.T.reshape(-1)[:size]
+
+
+def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:
+    """(block, blocks, 4) of (4, blocks x block) `lik`: [r, b] the pair scores of position
+    b x block + r. Copied a few blocks at a time: a whole transposed copy misses the cache on every write."""
+    blocked = lik.reshape(4, blocks, block)
+    out = np.empty((block, blocks, 4))
+    for b in range(0, blocks, 64):
+        out[:, b:b + 64] = blocked[:, b:b + 64].transpose(2, 1, 0)
+    return out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reference_kernels as reference
 
-from vce.post.arhmm import chain_paths
+from vce.post.arhmm import chain_paths, chain_posterior
 
 
 def _videos(rng, length, n_videos):
@@ -50,3 +50,26 @@ def test_the_compiled_viterbi_breaks_ties_and_unreachable_phases_as_numpy_does()
     for got, want in zip(chain_paths(emissions, chains, first, last),
                          reference.chain_paths(emissions, chains, first, last)):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n_on", [1, 2, 3])
+@pytest.mark.parametrize("n_off", [1, 2, 4])
+@pytest.mark.parametrize("block", [1, 7, 64, 512])
+def test_the_posterior_is_the_numpy_blocks_posterior_bit_for_bit(n_off, n_on, block):
+    """The compiled steps wherever they run by default (two phases a state at least, two blocks at
+    least), the numpy steps elsewhere: both numpy's bits."""
+    rng = np.random.default_rng(100 * n_off + 10 * n_on + block)
+    on = np.arange(n_off + n_on) >= n_off
+    for length in (1, 2, 9, 700, 5000):
+        for n_videos in (1, 4):
+            first, last = _videos(rng, length, n_videos)
+            first = first + 3 * (length > 9)  # positions before the first video: reset, never read
+            first, last = first[first <= last], last[first <= last]
+            log_trans = np.log(rng.dirichlet(np.ones(len(on)), len(on)))
+            for spread in (1.0, 30.0):  # 30: pairs floored 300 nats below the best
+                emission = rng.normal(size=(4, length)) * spread
+                want = reference.chain_posterior(emission, log_trans, on, first, last, block=block)
+                np.testing.assert_array_equal(chain_posterior(emission, log_trans, on, first, last, block=block), want)
+                if min(n_off, n_on) >= 2 and length > block:
+                    np.testing.assert_array_equal(
+                        chain_posterior(emission, log_trans, on, first, last, block=block, compiled=True), want)

@@ -38,7 +38,7 @@ import numpy as np
 from scipy.special import expit, logit
 
 from vce.post.anatomy import clipped_logits
-from vce.post.kernels import viterbi_path
+from vce.post.kernels import block_posteriors, block_products, viterbi_path
 from vce.post.runs import last_axis_max, runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
@@ -184,18 +184,23 @@ def chain_paths(emissions: list, chains: list, first, last) -> list[np.ndarray]:
 
 
 def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray, first, last,
-                    block: int = BLOCK) -> np.ndarray:
+                    block: int = BLOCK, compiled: bool | None = None) -> np.ndarray:
     """(P,) the posterior probability that the label is on at each position, for the phase
     chain of `chain_path` (same arguments, the same videos [first[v], last[v]] each starting in
     state 0): forward-backward, summed over the paths where `chain_path` takes the best one.
 
-    Scaled forward-backward, blocked so that numpy works on all positions at once: the product
-    of each `block` positions' transfer matrices (transition x pair emission), every block in
-    parallel; one pass over the blocks in order (forwards, then backwards) for the messages at
-    the block edges; then the positions inside every block, in parallel again. A video's start
-    is a reset (every state goes to state 0 there), so videos never see each other. Each
-    pair's emission is floored 300 nats below the position's best pair: no path is impossible,
-    so no message underflows to zero."""
+    Scaled forward-backward, blocked: the product of each `block` positions' transfer matrices
+    (transition x pair emission), every block on its own; one pass over the blocks in order
+    (forwards, then backwards) for the messages at the block edges; then the positions inside
+    every block. A video's start is a reset (every state goes to state 0 there), so videos never
+    see each other. Each pair's emission is floored 300 nats below the position's best pair: no
+    path is impossible, so no message underflows to zero.
+
+    Steps 1 and 3 run compiled (`vce.post.kernels`) where that gives numpy's bits: numpy laid
+    them out over all blocks at once, and its matrix products are BLAS's dgemm, which the
+    kernels' fused multiply-adds repeat; with one phase in a state, one block or over 7 phases
+    numpy reached BLAS's matrix-vector kernels or its pairwise sums, rounded otherwise, and the
+    numpy steps run (`compiled`: None as said, False the numpy steps, True the kernels)."""
     n, x = len(on), np.asarray(on, bool)
     size = emission.shape[1]
     if size == 0 or len(first) == 0:  # no video (an empty test set): no position is ever on
@@ -207,50 +212,15 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
     reset[:size] = False
     reset[np.asarray(first, np.int64)] = True
     reset[:int(np.min(first)) + 1] = True  # positions before every video
-    trans = np.exp(log_trans)
     # The transfer matrix at t is trans[i, j] * lik[2 x_i + x_j, t]: split by the state left,
     # m @ M_t = (m[.., off] @ trans[off]) * lik[x_j, t] + (m[.., on] @ trans[on]) * lik[2 + x_j, t].
-    from_off, from_on = trans[~x], trans[x]
-    rows = np.flatnonzero(~x), np.flatnonzero(x)
-    code = x.astype(np.int64), 2 + x.astype(np.int64)  # the pair row entered from off / from on, per state
-    # Laid out by offset inside the block: offset r reads one contiguous (blocks, 4) slab.
-    laid, resets = _by_offset(lik, blocks, block), reset.reshape(blocks, block).T.copy()  # (block, blocks, 4), (block, blocks)
-
-    def step(m: np.ndarray, r: int) -> np.ndarray:  # m (blocks, [n,] n) times every block's transfer at offset r
-        shape = (blocks,) + (1,) * (m.ndim - 2) + (n,)
-        flat = m.reshape(-1, n)  # one matrix product per state left, over every block's rows
-        out = (flat[:, ~x] @ from_off).reshape(m.shape)
-        out *= laid[r][:, code[0]].reshape(shape)
-        entered_on = (flat[:, x] @ from_on).reshape(m.shape)
-        entered_on *= laid[r][:, code[1]].reshape(shape)
-        out += entered_on
-        restart = resets[r]
-        if restart.any():
-            out[restart] = 0.0
-            out[restart, ..., 0] = m[restart].sum(axis=-1)
-        return out
-
-    def back(m: np.ndarray, r: int) -> np.ndarray:  # every block's transfer at offset r times m (blocks, n)
-        here = laid[r]
-        lo, hi = m * here[:, code[0]], m * here[:, code[1]]
-        out = np.empty_like(m)
-        out[:, rows[0]] = lo @ from_off.T
-        out[:, rows[1]] = hi @ from_on.T
-        out[resets[r]] = m[resets[r], :1]
-        return out
-
-    def normalised(m: np.ndarray) -> np.ndarray:
-        return m / last_axis_max(m)[..., None]
-
+    trans = np.exp(log_trans)
+    if compiled is None:
+        compiled = blocks > 1 and 2 <= x.sum() <= n - 2 and n <= 7
+    steps = _CompiledSteps(lik, reset, trans, x, block) if compiled else _NumpySteps(lik, reset, trans, x, block)
     # 1. Each block's product, row-scaled (a row is the state the block is entered from):
     #    scale[b, i] the log of what was divided out of row i.
-    product = np.broadcast_to(np.eye(n), (blocks, n, n)).copy()
-    scale = np.zeros((blocks, n))
-    for r in range(block):
-        product = step(product, r)
-        top = last_axis_max(product)
-        scale += np.log(top)
-        product /= top[:, :, None]
+    product, scale = steps.products()
     # 2. The messages at the block edges: forward into each block, backward out of it.
     into, out_of = np.zeros((blocks, n)), np.zeros((blocks, n))
     message = np.zeros(n)
@@ -259,25 +229,98 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
         for b in range(blocks):
             into[b] = message
             weight = np.log(message) + scale[b]
-            message = normalised(np.exp(weight - weight.max()) @ product[b])
+            message = _normalised(np.exp(weight - weight.max()) @ product[b])
         message = np.ones(n)
         for b in range(blocks - 1, -1, -1):
             out_of[b] = message
             weight = np.log(product[b] @ message) + scale[b]
             message = np.exp(weight - weight.max())
-    # 3. Inside the blocks, in parallel: forward, then backward with the posterior.
-    forward = np.empty((block, blocks, n))
-    alpha = into
-    for r in range(block):
-        alpha = normalised(step(alpha, r))
-        forward[r] = alpha
-    posterior = np.empty((block, blocks))
-    beta = out_of
-    for r in range(block - 1, -1, -1):
-        joint = forward[r] * beta
-        posterior[r] = joint[:, x].sum(axis=1) / joint.sum(axis=1)
-        beta = normalised(back(beta, r))
-    return posterior.T.reshape(-1)[:size]
+    # 3. Inside the blocks: forward, then backward with the posterior.
+    return steps.posterior(into, out_of)[:size]
+
+
+def _normalised(m: np.ndarray) -> np.ndarray:
+    """Messages divided by their largest entry (last axis)."""
+    return m / last_axis_max(m)[..., None]
+
+
+class _CompiledSteps:
+    """Steps 1 and 3 of `chain_posterior`, block by block (`vce.post.kernels`)."""
+
+    def __init__(self, lik, reset, trans, x, block):
+        self.blocks, self.n = lik.shape[1] // block, len(x)
+        self.chain = (lik, reset, np.flatnonzero(~x), np.flatnonzero(x), trans[~x], trans[x], x.astype(np.int64), block)
+
+    def products(self) -> tuple[np.ndarray, np.ndarray]:
+        product, scale = np.empty((self.blocks, self.n, self.n)), np.empty((self.blocks, self.n))
+        block_products(*self.chain, product, scale)
+        return product, scale
+
+    def posterior(self, into: np.ndarray, out_of: np.ndarray) -> np.ndarray:
+        posterior = np.empty(self.blocks * self.chain[-1])
+        block_posteriors(*self.chain, into, out_of, posterior)
+        return posterior
+
+
+class _NumpySteps:
+    """Steps 1 and 3 of `chain_posterior`, every block at once, one numpy step per offset in the block."""
+
+    def __init__(self, lik, reset, trans, x, block):
+        self.blocks, self.block, self.n, self.x = lik.shape[1] // block, block, len(x), x
+        self.from_off, self.from_on = trans[~x], trans[x]
+        self.rows = np.flatnonzero(~x), np.flatnonzero(x)
+        self.code = x.astype(np.int64), 2 + x.astype(np.int64)  # the pair row entered from off / from on, per state
+        # Laid out by offset inside the block: offset r reads one contiguous (blocks, 4) slab.
+        self.laid = _by_offset(lik, self.blocks, block)  # (block, blocks, 4)
+        self.resets = reset.reshape(self.blocks, block).T.copy()  # (block, blocks)
+
+    def step(self, m: np.ndarray, r: int) -> np.ndarray:  # m (blocks, [n,] n) times every block's transfer at offset r
+        x, n = self.x, self.n
+        shape = (self.blocks,) + (1,) * (m.ndim - 2) + (n,)
+        flat = m.reshape(-1, n)  # one matrix product per state left, over every block's rows
+        out = (flat[:, ~x] @ self.from_off).reshape(m.shape)
+        out *= self.laid[r][:, self.code[0]].reshape(shape)
+        entered_on = (flat[:, x] @ self.from_on).reshape(m.shape)
+        entered_on *= self.laid[r][:, self.code[1]].reshape(shape)
+        out += entered_on
+        restart = self.resets[r]
+        if restart.any():
+            out[restart] = 0.0
+            out[restart, ..., 0] = m[restart].sum(axis=-1)
+        return out
+
+    def back(self, m: np.ndarray, r: int) -> np.ndarray:  # every block's transfer at offset r times m (blocks, n)
+        here = self.laid[r]
+        lo, hi = m * here[:, self.code[0]], m * here[:, self.code[1]]
+        out = np.empty_like(m)
+        out[:, self.rows[0]] = lo @ self.from_off.T
+        out[:, self.rows[1]] = hi @ self.from_on.T
+        out[self.resets[r]] = m[self.resets[r], :1]
+        return out
+
+    def products(self) -> tuple[np.ndarray, np.ndarray]:
+        product = np.broadcast_to(np.eye(self.n), (self.blocks, self.n, self.n)).copy()
+        scale = np.zeros((self.blocks, self.n))
+        for r in range(self.block):
+            product = self.step(product, r)
+            top = last_axis_max(product)
+            scale += np.log(top)
+            product /= top[:, :, None]
+        return product, scale
+
+    def posterior(self, into: np.ndarray, out_of: np.ndarray) -> np.ndarray:
+        forward = np.empty((self.block, self.blocks, self.n))
+        alpha = into
+        for r in range(self.block):
+            alpha = _normalised(self.step(alpha, r))
+            forward[r] = alpha
+        posterior = np.empty((self.block, self.blocks))
+        beta = out_of
+        for r in range(self.block - 1, -1, -1):
+            joint = forward[r] * beta
+            posterior[r] = joint[:, self.x].sum(axis=1) / joint.sum(axis=1)
+            beta = _normalised(self.back(beta, r))
+        return posterior.T.reshape(-1)
 
 
 def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:

@@ -11,7 +11,10 @@ call on a machine compiles (a few seconds).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 @njit(cache=True)
@@ -50,3 +53,131 @@ def viterbi_path(emission, trans, on, starts, lengths, path):
             path[start + t] = on[state]
             if t:
                 state = back[t, state]
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (LLVM's fma): the step of OpenBLAS's dgemm kernels, whose dot
+    products over a short axis are a0 * b0, then fma(a_k, b_k, sum) in order of k."""
+    signature = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, sig, args):
+        double = ir.DoubleType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(double, [double] * 3), "llvm.fma.f64")
+        return builder.call(fma, args)
+
+    return signature, codegen
+
+
+@njit(cache=True)
+def _dot(m, rows, weights, j):
+    """sum_k m[rows[k]] * weights[k, j], as numpy's matmul gives it (`_fma`)."""
+    if len(rows) == 0:
+        return 0.0
+    total = m[rows[0]] * weights[0, j]
+    for k in range(1, len(rows)):
+        total = _fma(m[rows[k]], weights[k, j], total)
+    return total
+
+
+@njit(cache=True)
+def _forward_step(m, out, lik, reset, position, off, on, from_off, from_on, x):
+    """out = m @ (transfer matrix at `position`): trans[i, j] * lik[2 x_i + x_j, position],
+    split by the state left (off rows, then on rows) as `chain_posterior`'s numpy step; a
+    reset sends every state's mass to phase 0 (their sum in order)."""
+    n = len(m)
+    if reset[position]:
+        total = m[0]
+        for k in range(1, n):
+            total += m[k]
+        out[:] = 0.0
+        out[0] = total
+        return
+    for j in range(n):
+        entered_off = _dot(m, off, from_off, j) * lik[x[j], position]
+        entered_on = _dot(m, on, from_on, j) * lik[2 + x[j], position]
+        out[j] = entered_off + entered_on
+
+
+@njit(cache=True)
+def _divide_by_max(m):
+    """m / max(m) in place; returns the max."""
+    top = m[0]
+    for j in range(1, len(m)):
+        if m[j] > top:
+            top = m[j]
+    for j in range(len(m)):
+        m[j] = m[j] / top
+    return top
+
+
+@njit(cache=True)
+def block_products(lik, reset, off, on, from_off, from_on, x, block, product, scale):
+    """Step 1 of `chain_posterior`: each block's product of its `block` transfer matrices, row
+    by row (row i: the state the block is entered from), each step's row divided by its max and
+    the log of that max added to scale[b, i]. `lik` (4, blocks x block), `reset` (blocks x block,);
+    writes `product` (blocks, n, n) and `scale` (blocks, n)."""
+    n = len(x)
+    row, out = np.empty(n), np.empty(n)
+    for b in range(product.shape[0]):
+        for i in range(n):
+            row[:] = 0.0
+            row[i] = 1.0
+            total = 0.0
+            for r in range(block):
+                _forward_step(row, out, lik, reset, b * block + r, off, on, from_off, from_on, x)
+                total += np.log(_divide_by_max(out))
+                row[:] = out
+            product[b, i] = row
+            scale[b, i] = total
+
+
+@njit(cache=True)
+def block_posteriors(lik, reset, off, on, from_off, from_on, x, block, into, out_of, posterior):
+    """Step 3 of `chain_posterior`: inside each block, the forward messages from into[b], then
+    backwards from out_of[b] the posterior P(on) at each position into `posterior` (blocks x block,),
+    every message divided by its max, the sums in the order numpy's did them."""
+    n = len(x)
+    forward = np.empty((block, n))
+    alpha, beta, out = np.empty(n), np.empty(n), np.empty(n)
+    low, high = np.empty(n), np.empty(n)
+    for b in range(into.shape[0]):
+        alpha[:] = into[b]
+        for r in range(block):
+            _forward_step(alpha, out, lik, reset, b * block + r, off, on, from_off, from_on, x)
+            _divide_by_max(out)
+            alpha[:] = out
+            forward[r] = out
+        beta[:] = out_of[b]
+        for r in range(block - 1, -1, -1):
+            position = b * block + r
+            joint_on, joint = 0.0, 0.0
+            for k in range(len(on)):
+                value = forward[r, on[k]] * beta[on[k]]
+                joint_on = value if k == 0 else joint_on + value
+            for j in range(n):
+                value = forward[r, j] * beta[j]
+                joint = value if j == 0 else joint + value
+            posterior[position] = joint_on / joint
+            # beta <- (transfer matrix at position) @ beta, split by the state left.
+            if reset[position]:
+                out[:] = beta[0]
+            else:
+                for j in range(n):
+                    low[j] = beta[j] * lik[x[j], position]
+                    high[j] = beta[j] * lik[2 + x[j], position]
+                for k in range(len(off)):
+                    out[off[k]] = _dot_rows(low, from_off, k)
+                for k in range(len(on)):
+                    out[on[k]] = _dot_rows(high, from_on, k)
+            _divide_by_max(out)
+            beta[:] = out
+
+
+@njit(cache=True)
+def _dot_rows(m, weights, k):
+    """sum_j m[j] * weights[k, j], as numpy's matmul m @ weights.T gives it (`_fma`)."""
+    total = m[0] * weights[k, 0]
+    for j in range(1, len(m)):
+        total = _fma(m[j], weights[k, j], total)
+    return total
