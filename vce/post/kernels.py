@@ -69,115 +69,166 @@ def _fma(typingctx, a, b, c):
     return signature, codegen
 
 
-@njit(cache=True)
-def _dot(m, rows, weights, j):
-    """sum_k m[rows[k]] * weights[k, j], as numpy's matmul gives it (`_fma`)."""
+LANES = 64  # blocks of `chain_posterior` stepped together: the innermost loops run over them (SIMD)
+
+
+@njit(cache=True, inline="always")
+def _lay_lanes(lik, reset, first_block, block, here, restart):
+    """here[r, code, lane] = lik[code, position], restart[r, lane] = reset[position] of position
+    r of block first_block + lane, for the blocks that exist (the other lanes keep stale values:
+    they are computed, never read)."""
+    for lane in range(min(here.shape[2], len(reset) // block - first_block)):
+        start = (first_block + lane) * block
+        for r in range(block):
+            for code in range(4):
+                here[r, code, lane] = lik[code, start + r]
+            restart[r, lane] = reset[start + r]
+
+
+@njit(cache=True, inline="always")
+def _dot_lanes(m, rows, weights, j, out):
+    """out[lane] = sum_k m[rows[k], lane] * weights[k, j], as numpy's matmul gives it: a0 * b0,
+    then `_fma` in order of k (0 with no rows)."""
     if len(rows) == 0:
-        return 0.0
-    total = m[rows[0]] * weights[0, j]
-    for k in range(1, len(rows)):
-        total = _fma(m[rows[k]], weights[k, j], total)
-    return total
-
-
-@njit(cache=True)
-def _forward_step(m, out, lik, reset, position, off, on, from_off, from_on, x):
-    """out = m @ (transfer matrix at `position`): trans[i, j] * lik[2 x_i + x_j, position],
-    split by the state left (off rows, then on rows) as `chain_posterior`'s numpy step; a
-    reset sends every state's mass to phase 0 (their sum in order)."""
-    n = len(m)
-    if reset[position]:
-        total = m[0]
-        for k in range(1, n):
-            total += m[k]
         out[:] = 0.0
-        out[0] = total
         return
+    weight, source = weights[0, j], m[rows[0]]
+    for lane in range(len(out)):
+        out[lane] = source[lane] * weight
+    for k in range(1, len(rows)):
+        weight, source = weights[k, j], m[rows[k]]
+        for lane in range(len(out)):
+            out[lane] = _fma(source[lane], weight, out[lane])
+
+
+@njit(cache=True, inline="always")
+def _forward_lanes(m, out, here, restart, off, on, from_off, from_on, x, entered_off, entered_on):
+    """out = m @ (each lane's transfer matrix at one position) for (n, lanes) `m`: trans[i, j] x
+    here[2 x_i + x_j, lane], split by the state left (off rows, then on rows) as the numpy step
+    of `chain_posterior` did; a reset sends every state's mass to phase 0 (their sum in order)."""
+    n, lanes = m.shape
     for j in range(n):
-        entered_off = _dot(m, off, from_off, j) * lik[x[j], position]
-        entered_on = _dot(m, on, from_on, j) * lik[2 + x[j], position]
-        out[j] = entered_off + entered_on
+        _dot_lanes(m, off, from_off, j, entered_off)
+        _dot_lanes(m, on, from_on, j, entered_on)
+        low, high = here[x[j]], here[2 + x[j]]
+        for lane in range(lanes):
+            out[j, lane] = entered_off[lane] * low[lane] + entered_on[lane] * high[lane]
+    for lane in range(lanes):
+        if restart[lane]:
+            total = m[0, lane]
+            for k in range(1, n):
+                total += m[k, lane]
+            for j in range(n):
+                out[j, lane] = 0.0
+            out[0, lane] = total
 
 
-@njit(cache=True)
-def _divide_by_max(m):
-    """m / max(m) in place; returns the max."""
-    top = m[0]
-    for j in range(1, len(m)):
-        if m[j] > top:
-            top = m[j]
-    for j in range(len(m)):
-        m[j] = m[j] / top
-    return top
+@njit(cache=True, inline="always")
+def _divide_by_max(m, top):
+    """m[:, lane] divided by its max over the first axis, in place; top[lane] that max."""
+    top[:] = m[0]
+    for j in range(1, m.shape[0]):
+        for lane in range(m.shape[1]):
+            if m[j, lane] > top[lane]:
+                top[lane] = m[j, lane]
+    for j in range(m.shape[0]):
+        for lane in range(m.shape[1]):
+            m[j, lane] = m[j, lane] / top[lane]
+
+
+@njit(cache=True, inline="always")
+def _dot_states(m, rows, weights, out):
+    """out[rows[k], lane] = sum_j m[j, lane] * weights[k, j], as numpy's matmul m @ weights.T gives it (`_fma`)."""
+    for k in range(len(rows)):
+        target = out[rows[k]]
+        weight, source = weights[k, 0], m[0]
+        for lane in range(target.shape[0]):
+            target[lane] = source[lane] * weight
+        for j in range(1, m.shape[0]):
+            weight, source = weights[k, j], m[j]
+            for lane in range(target.shape[0]):
+                target[lane] = _fma(source[lane], weight, target[lane])
 
 
 @njit(cache=True)
 def block_products(lik, reset, off, on, from_off, from_on, x, block, product, scale):
     """Step 1 of `chain_posterior`: each block's product of its `block` transfer matrices, row
     by row (row i: the state the block is entered from), each step's row divided by its max and
-    the log of that max added to scale[b, i]. `lik` (4, blocks x block), `reset` (blocks x block,);
-    writes `product` (blocks, n, n) and `scale` (blocks, n)."""
-    n = len(x)
-    row, out = np.empty(n), np.empty(n)
-    for b in range(product.shape[0]):
+    the log of that max added to scale[b, i]. `lik` (4, blocks x block) the pair scores, `reset`
+    (blocks x block,); `off`, `on` the phases of each state, `from_off`, `from_on` their rows of
+    the transition matrix, `x` (n,) each phase's state; writes `product` (blocks, n, n) and
+    `scale` (blocks, n). `LANES` blocks at a time, the rows of all of them stepped together."""
+    n, blocks = len(x), product.shape[0]
+    here, restart = np.ones((block, 4, LANES)), np.zeros((block, LANES), np.bool_)
+    rows, out, total = np.empty((n, n, LANES)), np.empty((n, LANES)), np.empty((n, LANES))
+    entered_off, entered_on, top = np.empty(LANES), np.empty(LANES), np.empty(LANES)
+    for first_block in range(0, blocks, LANES):
+        _lay_lanes(lik, reset, first_block, block, here, restart)
+        rows[:] = 0.0
         for i in range(n):
-            row[:] = 0.0
-            row[i] = 1.0
-            total = 0.0
-            for r in range(block):
-                _forward_step(row, out, lik, reset, b * block + r, off, on, from_off, from_on, x)
-                total += np.log(_divide_by_max(out))
-                row[:] = out
-            product[b, i] = row
-            scale[b, i] = total
+            rows[i, i] = 1.0
+        total[:] = 0.0
+        for r in range(block):
+            for i in range(n):
+                _forward_lanes(rows[i], out, here[r], restart[r], off, on, from_off, from_on, x, entered_off,
+                               entered_on)
+                _divide_by_max(out, top)
+                for lane in range(LANES):
+                    total[i, lane] += np.log(top[lane])
+                rows[i] = out
+        for lane in range(min(LANES, blocks - first_block)):
+            product[first_block + lane] = rows[:, :, lane]
+            scale[first_block + lane] = total[:, lane]
 
 
 @njit(cache=True)
 def block_posteriors(lik, reset, off, on, from_off, from_on, x, block, into, out_of, posterior):
     """Step 3 of `chain_posterior`: inside each block, the forward messages from into[b], then
     backwards from out_of[b] the posterior P(on) at each position into `posterior` (blocks x block,),
-    every message divided by its max, the sums in the order numpy's did them."""
-    n = len(x)
-    forward = np.empty((block, n))
-    alpha, beta, out = np.empty(n), np.empty(n), np.empty(n)
-    low, high = np.empty(n), np.empty(n)
-    for b in range(into.shape[0]):
-        alpha[:] = into[b]
+    every message divided by its max, the sums in the order numpy's did them (arguments: `block_products`)."""
+    n, blocks = len(x), into.shape[0]
+    here, restart = np.ones((block, 4, LANES)), np.zeros((block, LANES), np.bool_)
+    forward, alpha, beta = np.empty((block, n, LANES)), np.empty((n, LANES)), np.empty((n, LANES))
+    out, low, high = np.empty((n, LANES)), np.empty((n, LANES)), np.empty((n, LANES))
+    entered_off, entered_on, top = np.empty(LANES), np.empty(LANES), np.empty(LANES)
+    joint_on, joint = np.empty(LANES), np.empty(LANES)
+    for first_block in range(0, blocks, LANES):
+        width = min(LANES, blocks - first_block)
+        _lay_lanes(lik, reset, first_block, block, here, restart)
+        alpha[:] = 1.0
+        beta[:] = 1.0
+        for lane in range(width):
+            alpha[:, lane] = into[first_block + lane]
+            beta[:, lane] = out_of[first_block + lane]
         for r in range(block):
-            _forward_step(alpha, out, lik, reset, b * block + r, off, on, from_off, from_on, x)
-            _divide_by_max(out)
+            _forward_lanes(alpha, out, here[r], restart[r], off, on, from_off, from_on, x, entered_off, entered_on)
+            _divide_by_max(out, top)
             alpha[:] = out
             forward[r] = out
-        beta[:] = out_of[b]
         for r in range(block - 1, -1, -1):
-            position = b * block + r
-            joint_on, joint = 0.0, 0.0
+            # The posterior: the forward times the backward message, its on phases' share (sums in order).
+            joint_on[:] = 0.0
             for k in range(len(on)):
-                value = forward[r, on[k]] * beta[on[k]]
-                joint_on = value if k == 0 else joint_on + value
+                for lane in range(LANES):
+                    value = forward[r, on[k], lane] * beta[on[k], lane]
+                    joint_on[lane] = value if k == 0 else joint_on[lane] + value
             for j in range(n):
-                value = forward[r, j] * beta[j]
-                joint = value if j == 0 else joint + value
-            posterior[position] = joint_on / joint
-            # beta <- (transfer matrix at position) @ beta, split by the state left.
-            if reset[position]:
-                out[:] = beta[0]
-            else:
-                for j in range(n):
-                    low[j] = beta[j] * lik[x[j], position]
-                    high[j] = beta[j] * lik[2 + x[j], position]
-                for k in range(len(off)):
-                    out[off[k]] = _dot_rows(low, from_off, k)
-                for k in range(len(on)):
-                    out[on[k]] = _dot_rows(high, from_on, k)
-            _divide_by_max(out)
+                for lane in range(LANES):
+                    value = forward[r, j, lane] * beta[j, lane]
+                    joint[lane] = value if j == 0 else joint[lane] + value
+            for lane in range(width):
+                posterior[(first_block + lane) * block + r] = joint_on[lane] / joint[lane]
+            # beta <- (transfer matrix at r) @ beta, split by the state left; a reset: beta[0] everywhere.
+            pairs = here[r]
+            for j in range(n):
+                for lane in range(LANES):
+                    low[j, lane] = beta[j, lane] * pairs[x[j], lane]
+                    high[j, lane] = beta[j, lane] * pairs[2 + x[j], lane]
+            _dot_states(low, off, from_off, out)
+            _dot_states(high, on, from_on, out)
+            for lane in range(LANES):
+                if restart[r, lane]:
+                    for j in range(n):
+                        out[j, lane] = beta[0, lane]
+            _divide_by_max(out, top)
             beta[:] = out
-
-
-@njit(cache=True)
-def _dot_rows(m, weights, k):
-    """sum_j m[j] * weights[k, j], as numpy's matmul m @ weights.T gives it (`_fma`)."""
-    total = m[0] * weights[k, 0]
-    for j in range(1, len(m)):
-        total = _fma(m[j], weights[k, j], total)
-    return total

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,32 @@ class Candidates:
     evidence: np.ndarray  # (V,) the gate feature; -inf where the label has no event
     features: dict = field(default_factory=dict)  # run labels: every video-level feature (`PRESENCE_FEATURES`)
     spans: tuple | None = None  # `events` as arrays, when made from them: (V,) counts, (N,) starts, (N,) ends (int64)
+
+
+class SpanLists(Sequence):
+    """Per video, its list of (start, end) spans, built from (V + 1,) `bounds` into the (N,)
+    `starts` and `ends` the first time it is read. Fitting scores each of the threshold grid's
+    candidate lists from the arrays (`Candidates.spans`) and never reads most of them as lists:
+    building their tuples took most of `run_candidates`' time."""
+
+    def __init__(self, bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self._bounds, self._starts, self._ends = bounds, starts, ends
+        self._lists: list = [None] * (len(bounds) - 1)
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def __getitem__(self, v):
+        if isinstance(v, slice):
+            return [self[i] for i in range(*v.indices(len(self)))]
+        v = range(len(self))[v]
+        if self._lists[v] is None:
+            a, b = self._bounds[v], self._bounds[v + 1]
+            self._lists[v] = list(zip(self._starts[a:b].tolist(), self._ends[a:b].tolist()))
+        return self._lists[v]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
 
 
 def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
@@ -132,8 +159,7 @@ def run_candidates(timeline: Timeline, k: int, threshold: float, median_window: 
     kept_video, kept = video[keep], order[keep]
     bounds = np.searchsorted(kept_video, np.arange(n_videos + 1))
     span_starts, span_ends = timeline.time[starts[kept]], timeline.time[ends[kept]]
-    spans = list(zip(span_starts.tolist(), span_ends.tolist()))
-    events = clinical = [spans[bounds[v]:bounds[v + 1]] for v in range(n_videos)]
+    events = clinical = SpanLists(bounds, span_starts, span_ends)
     arrays = np.diff(bounds), span_starts, span_ends  # the scorer reads these, not the lists (`LabelObjective`)
     if alternatives is not None:
         events, arrays = _appended(timeline, clinical, alternatives, min_length, top_k, path, regions), None
