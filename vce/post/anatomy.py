@@ -61,6 +61,18 @@ def clipped_logits(probs: np.ndarray) -> np.ndarray:
     return p if p.ndim else p[()]
 
 
+def label_logits(timeline, k: int) -> np.ndarray:
+    """(P,) `clipped_logits` of label k's probabilities on `timeline`, cached there (read-only):
+    the fit reads every label's logits several times over (centres, screen, AR model, each
+    decoding), always of the same probabilities."""
+    key = ("logits", k)
+    if key not in timeline.prob_cums:
+        logits = clipped_logits(timeline.probs[k])
+        logits.flags.writeable = False
+        timeline.prob_cums[key] = logits
+    return timeline.prob_cums[key]
+
+
 def region_scores(region_probs: np.ndarray) -> np.ndarray:
     """(T, K) emission scores from (T, K) region probabilities; NaN rows (unobserved) score 0."""
     probs = np.maximum(np.nan_to_num(region_probs.astype(np.float64), nan=1.0), EMISSION_FLOOR)

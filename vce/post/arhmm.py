@@ -37,7 +37,7 @@ import json
 import numpy as np
 from scipy.special import expit, logit
 
-from vce.post.anatomy import clipped_logits
+from vce.post.anatomy import label_logits
 from vce.post.kernels import block_posteriors, block_products, viterbi_path
 from vce.post.runs import last_axis_max, runs_of
 
@@ -361,7 +361,7 @@ def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tup
     they cannot lower its AP)."""
     key = ("ar-posterior", k, float(bias), tuple(float(level) for level in levels), json.dumps(model, sort_keys=True))
     if key not in timeline.prob_cums:
-        scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
+        scores, log_trans, on, first, last = _chain(timeline, label_logits(timeline, k), model, bias)
         posterior = chain_posterior(scores, log_trans, on, first, last)
         decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, k, model, bias))))
         found: dict = {}
@@ -381,7 +381,7 @@ def ar_decode_all(timeline, decodings) -> None:
     for k, model, bias in decodings:
         key = _key(k, model, bias)
         if key not in timeline.prob_cums:
-            scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
+            scores, log_trans, on, first, last = _chain(timeline, label_logits(timeline, k), model, bias)
             path = chain_path(scores, log_trans, on, first, last)
             starts, ends = _observed_runs(path.astype(bool), timeline.observed)
             timeline.prob_cums[key] = starts, ends, _strength(scores, starts, ends)
