@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vce.post.runs import last_axis_max
+from vce.post.runs import last_axis_max, runs_of
 
 CHUNK = 2048  # frames whose scores `chain_paths` lays out at once
 BLOCK = 512  # positions per block of `chain_posterior`
@@ -190,3 +190,28 @@ def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:
     for b in range(0, blocks, 64):
         out[:, b:b + 64] = blocked[:, b:b + 64].transpose(2, 1, 0)
     return out
+
+
+def majority_runs(active: np.ndarray, observed: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step 2 of `vce.post.events.smooth_runs` (half > 0) and the runs of its mask, from prefix sums."""
+    observed_cum = np.concatenate([[0], np.cumsum(observed, dtype=np.int64)])
+    size = len(active)
+    active_cum = np.concatenate([[0], np.cumsum(active, dtype=np.int32)])
+    width = 2 * half + 1
+    active_count = np.zeros(size, dtype=np.int32)
+    observed_count = np.zeros(size, dtype=np.int32)
+    if size >= width:
+        active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
+        observed_count[half : size - half] = (
+            observed_cum[width:] - observed_cum[: size - width + 1]
+        )
+    # The first and last `half` positions (separators on a timeline built with enough reach;
+    # everything on one shorter than the window, e.g. an empty test set): the window clipped.
+    edges = np.unique(np.r_[0:min(half, size), max(size - half, 0):size])
+    hi, lo = np.minimum(edges + half + 1, size), np.maximum(edges - half, 0)
+    active_count[edges] = active_cum[hi] - active_cum[lo]
+    observed_count[edges] = observed_cum[hi] - observed_cum[lo]
+    twice = 2 * active_count
+    active = observed & ((twice > observed_count) | ((twice == observed_count) & active))
+    return runs_of(active)
+

@@ -8,6 +8,7 @@ import pytest
 import reference_kernels as reference
 
 from vce.post.arhmm import chain_paths, chain_posterior
+from vce.post.kernels import majority_runs
 
 
 def _videos(rng, length, n_videos):
@@ -73,3 +74,22 @@ def test_the_posterior_is_the_numpy_blocks_posterior_bit_for_bit(n_off, n_on, bl
                 if min(n_off, n_on) >= 2 and length > block:
                     np.testing.assert_array_equal(
                         chain_posterior(emission, log_trans, on, first, last, block=block, compiled=True), want)
+
+
+@pytest.mark.parametrize("half", [1, 2, 3, 7, 40])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_majority_filter_gives_the_prefix_sums_runs(seed, half):
+    """Random masks, sparse and in long stretches, with unobserved gaps; axes empty, of one
+    frame, shorter than the window and longer: the same runs, the same int64 positions."""
+    rng = np.random.default_rng(10 * seed + half)
+    for size in (0, 1, 2, 5, 2 * half, 2 * half + 1, 300, 5000):
+        for density in (0.1, 0.5, 0.9):
+            stretches = np.repeat(rng.random(size) < density, rng.integers(1, 30, size))[:size]
+            for active in (rng.random(size) < density, stretches):
+                observed = rng.random(size) < 0.85
+                observed[: min(size, 3)] = False  # a separator first, as on a timeline
+                got, want = majority_runs(active, observed, half), reference.majority_runs(active, observed, half)
+                for a, b in zip(got, want):
+                    assert a.dtype == b.dtype == np.int64
+                    np.testing.assert_array_equal(a, b)
+

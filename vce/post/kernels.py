@@ -232,3 +232,38 @@ def block_posteriors(lik, reset, off, on, from_off, from_on, x, block, into, out
                         out[j, lane] = beta[0, lane]
             _divide_by_max(out, top)
             beta[:] = out
+
+
+@njit(cache=True)
+def majority_runs(active, observed, half):
+    """(starts, ends) inclusive positions of the runs of the median-filtered (P,) bool `active`:
+    a position is on when it is `observed` and more than half of the observed positions of its
+    window (t - half .. t + half, clipped to the axis) are active, a tie keeping its own value.
+    The window's counts slide one position a step (whole numbers: the same counts as numpy's
+    prefix-sum differences in `vce.post.events.smooth_runs`)."""
+    size = len(active)
+    starts, ends = np.empty(size // 2 + 1, np.int64), np.empty(size // 2 + 1, np.int64)
+    n_active = n_observed = 0
+    for r in range(min(half, size)):  # the window of position 0 without its right end
+        n_active += active[r]
+        n_observed += observed[r]
+    n_runs, inside = 0, False
+    for t in range(size):
+        if t + half < size:
+            n_active += active[t + half]
+            n_observed += observed[t + half]
+        if t - half - 1 >= 0:
+            n_active -= active[t - half - 1]
+            n_observed -= observed[t - half - 1]
+        twice = 2 * n_active
+        on = observed[t] and (twice > n_observed or (twice == n_observed and active[t]))
+        if on and not inside:
+            starts[n_runs], inside = t, True
+        elif inside and not on:
+            ends[n_runs], inside = t - 1, False
+            n_runs += 1
+    if inside:
+        ends[n_runs] = size - 1
+        n_runs += 1
+    return starts[:n_runs].copy(), ends[:n_runs].copy()
+
