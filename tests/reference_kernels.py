@@ -215,3 +215,41 @@ def majority_runs(active: np.ndarray, observed: np.ndarray, half: int) -> tuple[
     active = observed & ((twice > observed_count) | ((twice == observed_count) & active))
     return runs_of(active)
 
+
+def _trailing_max(x: np.ndarray, width: int) -> np.ndarray:
+    """out[t] = max(x[max(0, t - width + 1) : t + 1]) in O(T) (van Herk / Gil-Werman blocks)."""
+    n = len(x)
+    if width >= n:
+        return np.maximum.accumulate(x)
+    blocks = -(-n // width)
+    padded = np.full(blocks * width, -np.inf)
+    padded[:n] = x
+    grid = padded.reshape(blocks, width)
+    forward = np.maximum.accumulate(grid, axis=1).ravel()  # max from the block start to t
+    backward = np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()  # max from t to the block end
+    out = forward[:n].copy()
+    t = np.arange(width - 1, n)
+    out[width - 1 :] = np.maximum(backward[t - width + 1], forward[t])
+    return out
+
+
+def monotone_forward(scores: np.ndarray, switch_penalty: float, low: np.ndarray, high: np.ndarray):
+    """(best, enters) (T, K) of `vce.post.anatomy.monotone_path`'s forward pass, in numpy."""
+    n_frames, n_states = scores.shape
+    prefix = np.cumsum(scores, axis=0)  # (T, K): S_k(t)
+    best = np.empty((n_frames, n_states))  # D_k(t)
+    enters = np.empty((n_frames, n_states))  # value of entering k at frame tau (for the backtrack)
+    below_best = np.full(n_frames, -np.inf)  # M_{k-1}(t) = max_{j<k} D_j(t)
+    for k in range(n_states):
+        # Value of entering k at frame tau (tau = 0: the path starts in k, no penalty).
+        enter = enters[:, k]
+        enter[0] = 0.0
+        enter[1:] = below_best[:-1] - switch_penalty - prefix[:-1, k]
+        # In k at t: entered at tau in [t - high + 1, t - low + 1].
+        reachable = np.full(n_frames, -np.inf)
+        if low[k] <= n_frames:
+            window = _trailing_max(enter, int(high[k] - low[k] + 1))
+            reachable[low[k] - 1 :] = window[: n_frames - low[k] + 1]
+        best[:, k] = prefix[:, k] + reachable
+        below_best = np.maximum(below_best, best[:, k])
+    return best, enters

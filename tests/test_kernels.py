@@ -8,7 +8,7 @@ import pytest
 import reference_kernels as reference
 
 from vce.post.arhmm import chain_paths, chain_posterior
-from vce.post.kernels import majority_runs
+from vce.post.kernels import majority_runs, monotone_forward
 
 
 def _videos(rng, length, n_videos):
@@ -93,3 +93,32 @@ def test_the_compiled_majority_filter_gives_the_prefix_sums_runs(seed, half):
                     assert a.dtype == b.dtype == np.int64
                     np.testing.assert_array_equal(a, b)
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_monotone_pass_is_the_numpy_layouts_bit_for_bit(seed):
+    """Random and rounded (tied) scores, NaN and -inf among them, with and without a duration
+    prior (windows of one frame, shorter than the video, as long as it and longer, states the
+    video is too short for): the same D_k(t) and entry values."""
+    rng = np.random.default_rng(seed)
+    for n_frames in (1, 2, 5, 37, 300, 3000):
+        for n_states in (1, 3, 5):
+            for kind in ("normal", "rounded", "nan"):
+                scores = rng.normal(size=(n_frames, n_states)) * 3
+                if kind == "rounded":
+                    scores = np.round(scores)
+                if kind == "nan":
+                    scores[rng.random(scores.shape) < 0.01] = np.nan
+                    scores[rng.random(scores.shape) < 0.01] = -np.inf
+                penalty = float(rng.choice([0.0, 2.5, 40.0]))
+                low = np.ones(n_states, np.int64)
+                high = np.full(n_states, n_frames, np.int64)
+                priors = [(low, high), (rng.integers(1, max(n_frames // 3, 1) + 2, n_states),
+                                        rng.integers(1, 2 * n_frames + 2, n_states))]
+                for low, high in priors:
+                    low = np.asarray(low, np.int64)
+                    high = np.maximum(np.minimum(np.asarray(high, np.int64), n_frames), low)
+                    best, enters = np.empty((n_frames, n_states)), np.empty((n_frames, n_states))
+                    monotone_forward(scores, penalty, low, high, best, enters)
+                    want_best, want_enters = reference.monotone_forward(scores, penalty, low, high)
+                    np.testing.assert_array_equal(best, want_best)
+                    np.testing.assert_array_equal(enters, want_enters)

@@ -267,3 +267,48 @@ def majority_runs(active, observed, half):
         n_runs += 1
     return starts[:n_runs].copy(), ends[:n_runs].copy()
 
+
+@njit(cache=True, inline="always")
+def _maximum(a, b):
+    """np.maximum of two floats: a NaN on either side wins."""
+    return a if a >= b or a != a else b
+
+
+@njit(cache=True)
+def monotone_forward(scores, switch_penalty, low, high, best, enters):
+    """The forward pass of `vce.post.anatomy.monotone_path`: writes D_k(t) into `best` (T, K)
+    and the value of entering k at frame tau into `enters` (T, K), state by state as the numpy
+    layout did (prefix sums in frame order, the window maximum of van Herk / Gil-Werman blocks
+    with np.maximum's operands in its order). `low`, `high` (K,) int64 the duration bounds,
+    1 <= low <= high, high <= T unless low > T (a state the video is too short for)."""
+    n_frames, n_states = scores.shape
+    prefix, below = np.empty(n_frames), np.full(n_frames, -np.inf)
+    forward, backward = np.empty(n_frames), np.empty(n_frames)
+    for k in range(n_states):
+        # Trailing maximum of enters over `width` frames: from each block's start forwards, from
+        # its end (or the last frame) backwards; a window spans two blocks at most. A window
+        # as long as the video: the running maximum (one block, read forwards only). The
+        # position inside a block is counted, not divided out (a division a frame costs more
+        # than the rest of the step).
+        whole = high[k] - low[k] + 1 >= n_frames
+        width = min(high[k] - low[k] + 1, n_frames)
+        at = 0  # t's position in its block
+        for t in range(n_frames):
+            prefix[t] = scores[0, k] if t == 0 else prefix[t - 1] + scores[t, k]
+            enters[t, k] = 0.0 if t == 0 else below[t - 1] - switch_penalty - prefix[t - 1]
+            forward[t] = enters[t, k] if at == 0 else _maximum(forward[t - 1], enters[t, k])
+            at = 0 if at == width - 1 else at + 1
+        if not whole:
+            at = (n_frames - 1) % width
+            for t in range(n_frames - 1, -1, -1):
+                block_end = at == width - 1 or t == n_frames - 1
+                backward[t] = enters[t, k] if block_end else _maximum(backward[t + 1], enters[t, k])
+                at = width - 1 if at == 0 else at - 1
+        for t in range(n_frames):
+            reachable = -np.inf
+            if t >= low[k] - 1:
+                tau = t - low[k] + 1  # the latest entry frame; the window ends there
+                reachable = forward[tau] if whole or tau < width - 1 else \
+                    _maximum(backward[tau - width + 1], forward[tau])
+            best[t, k] = prefix[t] + reachable
+            below[t] = _maximum(below[t], best[t, k])
