@@ -253,3 +253,20 @@ def monotone_forward(scores: np.ndarray, switch_penalty: float, low: np.ndarray,
         best[:, k] = prefix[:, k] + reachable
         below_best = np.maximum(below_best, best[:, k])
     return best, enters
+
+
+def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> np.ndarray:
+    """(4, P) the Gaussian innovation's log density of each (x_{t-1}, x_t) pair at t, rows 00,
+    01, 10, 11 (up to a shared constant; 0 unless t and t - 1 are both observed)."""
+    prev = np.empty_like(logits)
+    prev[0], prev[1:] = logits[0], logits[:-1]
+    both = observed.copy()
+    both[0] = False
+    both[1:] &= observed[:-1]
+    scores = np.empty((4, len(logits)))
+    base = logits - model["a"] - model["rho"] * prev
+    for i in (0, 1):
+        for j in (0, 1):
+            z = (base - model["b"] * j - model["g"] * i) / model["sigma"]
+            scores[2 * i + j] = np.where(both, -0.5 * z * z, 0.0)
+    return scores

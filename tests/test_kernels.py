@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reference_kernels as reference
 
-from vce.post.arhmm import chain_paths, chain_posterior
+from vce.post.arhmm import chain_paths, chain_posterior, innovation_scores
 from vce.post.kernels import majority_runs, monotone_forward
 
 
@@ -122,3 +122,23 @@ def test_the_compiled_monotone_pass_is_the_numpy_layouts_bit_for_bit(seed):
                     want_best, want_enters = reference.monotone_forward(scores, penalty, low, high)
                     np.testing.assert_array_equal(best, want_best)
                     np.testing.assert_array_equal(enters, want_enters)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_innovation_scores_are_the_numpy_expressions_bits(seed):
+    """Random logits (exact zeros among them) and models (negative steps, a zero slope),
+    unobserved gaps, axes of 1, 2 and thousands of positions (an empty one: no scores, where
+    the numpy code raised)."""
+    assert innovation_scores(np.zeros(0), np.zeros(0, bool), {k: 1.0 for k in "a rho b g sigma".split()}).shape == (4, 0)
+    rng = np.random.default_rng(seed)
+    for size in (1, 2, 7, 4000):
+        logits = rng.normal(size=size) * 4
+        logits[rng.random(size) < 0.1] = 0.0
+        observed = rng.random(size) < 0.9
+        for model in ({"a": float(rng.normal()), "rho": float(rng.uniform(-1, 1)), "b": float(rng.normal() * 3),
+                       "g": float(rng.normal() * 3), "sigma": float(rng.uniform(0.1, 3))},
+                      {"a": 0.0, "rho": 0.0, "b": -2.5, "g": 0.0, "sigma": 1.0}):
+            got = innovation_scores(logits, observed, model)
+            want = reference.innovation_scores(logits, observed, model)
+            assert got.shape == want.shape == (4, size)
+            np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))  # the sign of zeros too

@@ -312,3 +312,17 @@ def monotone_forward(scores, switch_penalty, low, high, best, enters):
                     _maximum(backward[tau - width + 1], forward[tau])
             best[t, k] = prefix[t] + reachable
             below[t] = _maximum(below[t], best[t, k])
+
+
+@njit(cache=True)
+def innovation_pairs(logits, observed, a, rho, b, g, sigma, scores):
+    """`vce.post.arhmm.innovation_scores` in one pass: writes into `scores` (4, P), row 2i + j,
+    -z^2 / 2 with z = (x_t - a - rho x_{t-1} - b j - g i) / sigma where t and t - 1 are both
+    observed (x_{-1} = x_0), else 0; the operations in the numpy expression's order."""
+    for t in range(len(logits)):
+        base = (logits[t] - a) - rho * logits[max(t - 1, 0)]
+        both = t > 0 and observed[t] and observed[t - 1]
+        for i in range(2):
+            for j in range(2):
+                z = ((base - b * j) - g * i) / sigma
+                scores[2 * i + j, t] = (-0.5 * z) * z if both else 0.0
