@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vce.post.runs import last_axis_max
+from vce.post.runs import last_axis_max, runs_of
 
 CHUNK = 2048  # frames whose scores `chain_paths` lays out at once
 BLOCK = 512  # positions per block of `chain_posterior`
@@ -190,3 +190,83 @@ def _by_offset(lik: np.ndarray, blocks: int, block: int) -> np.ndarray:
     for b in range(0, blocks, 64):
         out[:, b:b + 64] = blocked[:, b:b + 64].transpose(2, 1, 0)
     return out
+
+
+def majority_runs(active: np.ndarray, observed: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step 2 of `vce.post.events.smooth_runs` (half > 0) and the runs of its mask, from prefix sums."""
+    observed_cum = np.concatenate([[0], np.cumsum(observed, dtype=np.int64)])
+    size = len(active)
+    active_cum = np.concatenate([[0], np.cumsum(active, dtype=np.int32)])
+    width = 2 * half + 1
+    active_count = np.zeros(size, dtype=np.int32)
+    observed_count = np.zeros(size, dtype=np.int32)
+    if size >= width:
+        active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
+        observed_count[half : size - half] = (
+            observed_cum[width:] - observed_cum[: size - width + 1]
+        )
+    # The first and last `half` positions (separators on a timeline built with enough reach;
+    # everything on one shorter than the window, e.g. an empty test set): the window clipped.
+    edges = np.unique(np.r_[0:min(half, size), max(size - half, 0):size])
+    hi, lo = np.minimum(edges + half + 1, size), np.maximum(edges - half, 0)
+    active_count[edges] = active_cum[hi] - active_cum[lo]
+    observed_count[edges] = observed_cum[hi] - observed_cum[lo]
+    twice = 2 * active_count
+    active = observed & ((twice > observed_count) | ((twice == observed_count) & active))
+    return runs_of(active)
+
+
+def _trailing_max(x: np.ndarray, width: int) -> np.ndarray:
+    """out[t] = max(x[max(0, t - width + 1) : t + 1]) in O(T) (van Herk / Gil-Werman blocks)."""
+    n = len(x)
+    if width >= n:
+        return np.maximum.accumulate(x)
+    blocks = -(-n // width)
+    padded = np.full(blocks * width, -np.inf)
+    padded[:n] = x
+    grid = padded.reshape(blocks, width)
+    forward = np.maximum.accumulate(grid, axis=1).ravel()  # max from the block start to t
+    backward = np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()  # max from t to the block end
+    out = forward[:n].copy()
+    t = np.arange(width - 1, n)
+    out[width - 1 :] = np.maximum(backward[t - width + 1], forward[t])
+    return out
+
+
+def monotone_forward(scores: np.ndarray, switch_penalty: float, low: np.ndarray, high: np.ndarray):
+    """(best, enters) (T, K) of `vce.post.anatomy.monotone_path`'s forward pass, in numpy."""
+    n_frames, n_states = scores.shape
+    prefix = np.cumsum(scores, axis=0)  # (T, K): S_k(t)
+    best = np.empty((n_frames, n_states))  # D_k(t)
+    enters = np.empty((n_frames, n_states))  # value of entering k at frame tau (for the backtrack)
+    below_best = np.full(n_frames, -np.inf)  # M_{k-1}(t) = max_{j<k} D_j(t)
+    for k in range(n_states):
+        # Value of entering k at frame tau (tau = 0: the path starts in k, no penalty).
+        enter = enters[:, k]
+        enter[0] = 0.0
+        enter[1:] = below_best[:-1] - switch_penalty - prefix[:-1, k]
+        # In k at t: entered at tau in [t - high + 1, t - low + 1].
+        reachable = np.full(n_frames, -np.inf)
+        if low[k] <= n_frames:
+            window = _trailing_max(enter, int(high[k] - low[k] + 1))
+            reachable[low[k] - 1 :] = window[: n_frames - low[k] + 1]
+        best[:, k] = prefix[:, k] + reachable
+        below_best = np.maximum(below_best, best[:, k])
+    return best, enters
+
+
+def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> np.ndarray:
+    """(4, P) the Gaussian innovation's log density of each (x_{t-1}, x_t) pair at t, rows 00,
+    01, 10, 11 (up to a shared constant; 0 unless t and t - 1 are both observed)."""
+    prev = np.empty_like(logits)
+    prev[0], prev[1:] = logits[0], logits[:-1]
+    both = observed.copy()
+    both[0] = False
+    both[1:] &= observed[:-1]
+    scores = np.empty((4, len(logits)))
+    base = logits - model["a"] - model["rho"] * prev
+    for i in (0, 1):
+        for j in (0, 1):
+            z = (base - model["b"] * j - model["g"] * i) / model["sigma"]
+            scores[2 * i + j] = np.where(both, -0.5 * z * z, 0.0)
+    return scores

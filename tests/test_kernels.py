@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import reference_kernels as reference
 
-from vce.post.arhmm import chain_paths, chain_posterior
+from vce.post.arhmm import chain_paths, chain_posterior, innovation_scores
+from vce.post.kernels import majority_runs, monotone_forward
 
 
 def _videos(rng, length, n_videos):
@@ -73,3 +74,71 @@ def test_the_posterior_is_the_numpy_blocks_posterior_bit_for_bit(n_off, n_on, bl
                 if min(n_off, n_on) >= 2 and length > block:
                     np.testing.assert_array_equal(
                         chain_posterior(emission, log_trans, on, first, last, block=block, compiled=True), want)
+
+
+@pytest.mark.parametrize("half", [1, 2, 3, 7, 40])
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_majority_filter_gives_the_prefix_sums_runs(seed, half):
+    """Random masks, sparse and in long stretches, with unobserved gaps; axes empty, of one
+    frame, shorter than the window and longer: the same runs, the same int64 positions."""
+    rng = np.random.default_rng(10 * seed + half)
+    for size in (0, 1, 2, 5, 2 * half, 2 * half + 1, 300, 5000):
+        for density in (0.1, 0.5, 0.9):
+            stretches = np.repeat(rng.random(size) < density, rng.integers(1, 30, size))[:size]
+            for active in (rng.random(size) < density, stretches):
+                observed = rng.random(size) < 0.85
+                observed[: min(size, 3)] = False  # a separator first, as on a timeline
+                got, want = majority_runs(active, observed, half), reference.majority_runs(active, observed, half)
+                for a, b in zip(got, want):
+                    assert a.dtype == b.dtype == np.int64
+                    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_monotone_pass_is_the_numpy_layouts_bit_for_bit(seed):
+    """Random and rounded (tied) scores, NaN and -inf among them, with and without a duration
+    prior (windows of one frame, shorter than the video, as long as it and longer, states the
+    video is too short for): the same D_k(t) and entry values."""
+    rng = np.random.default_rng(seed)
+    for n_frames in (1, 2, 5, 37, 300, 3000):
+        for n_states in (1, 3, 5):
+            for kind in ("normal", "rounded", "nan"):
+                scores = rng.normal(size=(n_frames, n_states)) * 3
+                if kind == "rounded":
+                    scores = np.round(scores)
+                if kind == "nan":
+                    scores[rng.random(scores.shape) < 0.01] = np.nan
+                    scores[rng.random(scores.shape) < 0.01] = -np.inf
+                penalty = float(rng.choice([0.0, 2.5, 40.0]))
+                low = np.ones(n_states, np.int64)
+                high = np.full(n_states, n_frames, np.int64)
+                priors = [(low, high), (rng.integers(1, max(n_frames // 3, 1) + 2, n_states),
+                                        rng.integers(1, 2 * n_frames + 2, n_states))]
+                for low, high in priors:
+                    low = np.asarray(low, np.int64)
+                    high = np.maximum(np.minimum(np.asarray(high, np.int64), n_frames), low)
+                    best, enters = np.empty((n_frames, n_states)), np.empty((n_frames, n_states))
+                    monotone_forward(scores, penalty, low, high, best, enters)
+                    want_best, want_enters = reference.monotone_forward(scores, penalty, low, high)
+                    np.testing.assert_array_equal(best, want_best)
+                    np.testing.assert_array_equal(enters, want_enters)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_innovation_scores_are_the_numpy_expressions_bits(seed):
+    """Random logits (exact zeros among them) and models (negative steps, a zero slope),
+    unobserved gaps, axes of 1, 2 and thousands of positions (an empty one: no scores, where
+    the numpy code raised)."""
+    assert innovation_scores(np.zeros(0), np.zeros(0, bool), {k: 1.0 for k in "a rho b g sigma".split()}).shape == (4, 0)
+    rng = np.random.default_rng(seed)
+    for size in (1, 2, 7, 4000):
+        logits = rng.normal(size=size) * 4
+        logits[rng.random(size) < 0.1] = 0.0
+        observed = rng.random(size) < 0.9
+        for model in ({"a": float(rng.normal()), "rho": float(rng.uniform(-1, 1)), "b": float(rng.normal() * 3),
+                       "g": float(rng.normal() * 3), "sigma": float(rng.uniform(0.1, 3))},
+                      {"a": 0.0, "rho": 0.0, "b": -2.5, "g": 0.0, "sigma": 1.0}):
+            got = innovation_scores(logits, observed, model)
+            want = reference.innovation_scores(logits, observed, model)
+            assert got.shape == want.shape == (4, size)
+            np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))  # the sign of zeros too

@@ -14,15 +14,15 @@ colon stretch inside the small intestine, or two regions at once. Here, per vide
 2. Best monotone path (Viterbi over a left-to-right chain; the path may start in any region,
    skip regions and end in any region), each switch costing `switch_penalty`:
        D_k(t) = max(D_k(t−1), max_{j<k} D_j(t−1) − λ) + s[t, k].
-   A Python loop over 3.5 M frames is too slow, so the recursion is unrolled over the K = 5
-   states instead: with S_k the prefix sum of s[:, k], a path in state k at t entered it at
-   some τ ≤ t, so
+   The recursion is unrolled over the K = 5 states (one compiled pass a state,
+   `vce.post.kernels.monotone_forward`): with S_k the prefix sum of s[:, k], a path in state k
+   at t entered it at some τ ≤ t, so
        D_k(t) = S_k(t) + max(0 [started in k], max_{1≤τ≤t} (M_{k−1}(τ−1) − λ − S_k(τ−1))),
-   M_{k−1} = max_{j<k} D_j: one running maximum (np.maximum.accumulate) per state. The
+   M_{k−1} = max_{j<k} D_j: one running maximum per state. The
    argmax of that running maximum gives the entry frame for the backtrack (≤ K steps).
    A duration prior (state k lasts lo_k..hi_k frames when visited) restricts τ to
-   [t − hi_k + 1, t − lo_k + 1]: a trailing window maximum (O(T), `_trailing_max`) instead of
-   the running one, the entry found again inside its window in the backtrack.
+   [t − hi_k + 1, t − lo_k + 1]: a trailing window maximum (O(T), van Herk / Gil-Werman
+   blocks) instead of the running one, the entry found again inside its window in the backtrack.
 3. Region events are the path's runs (exactly one region per frame, no going back). The
    thresholds still decide *whether* a label fires: a decoded region run is kept only where the
    region's own thresholded runs overlap it (a threshold above 1 switches the region off, as
@@ -41,6 +41,7 @@ import numpy as np
 
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LANDMARKS, REGIONS
+from vce.post.kernels import monotone_forward
 from vce.post.runs import group_firsts, runs_of, video_of
 
 EMISSION_FLOOR = 1e-6  # numerical floor of probabilities inside the log (no effect above 1e-6)
@@ -61,27 +62,22 @@ def clipped_logits(probs: np.ndarray) -> np.ndarray:
     return p if p.ndim else p[()]
 
 
+def label_logits(timeline, k: int) -> np.ndarray:
+    """(P,) `clipped_logits` of label k's probabilities on `timeline`, cached there (read-only):
+    the fit reads every label's logits several times over (centres, screen, AR model, each
+    decoding), always of the same probabilities."""
+    key = ("logits", k)
+    if key not in timeline.prob_cums:
+        logits = clipped_logits(timeline.probs[k])
+        logits.flags.writeable = False
+        timeline.prob_cums[key] = logits
+    return timeline.prob_cums[key]
+
+
 def region_scores(region_probs: np.ndarray) -> np.ndarray:
     """(T, K) emission scores from (T, K) region probabilities; NaN rows (unobserved) score 0."""
     probs = np.maximum(np.nan_to_num(region_probs.astype(np.float64), nan=1.0), EMISSION_FLOOR)
     return np.log(probs) - np.log(probs.sum(axis=1, keepdims=True))
-
-
-def _trailing_max(x: np.ndarray, width: int) -> np.ndarray:
-    """out[t] = max(x[max(0, t - width + 1) : t + 1]) in O(T) (van Herk / Gil-Werman blocks)."""
-    n = len(x)
-    if width >= n:
-        return np.maximum.accumulate(x)
-    blocks = -(-n // width)
-    padded = np.full(blocks * width, -np.inf)
-    padded[:n] = x
-    grid = padded.reshape(blocks, width)
-    forward = np.maximum.accumulate(grid, axis=1).ravel()  # max from the block start to t
-    backward = np.maximum.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()  # max from t to the block end
-    out = forward[:n].copy()
-    t = np.arange(width - 1, n)
-    out[width - 1 :] = np.maximum(backward[t - width + 1], forward[t])
-    return out
 
 
 def monotone_path(scores: np.ndarray, switch_penalty: float, min_durations=None,
@@ -99,22 +95,9 @@ def monotone_path(scores: np.ndarray, switch_penalty: float, min_durations=None,
     low = np.ones(n_states, np.int64) if min_durations is None else np.maximum(np.asarray(min_durations, np.int64), 1)
     high = np.full(n_states, n_frames, np.int64) if max_durations is None else np.asarray(max_durations, np.int64)
     high = np.maximum(np.minimum(high, n_frames), low)
-    prefix = np.cumsum(scores, axis=0)  # (T, K): S_k(t)
     best = np.empty((n_frames, n_states))  # D_k(t)
     enters = np.empty((n_frames, n_states))  # value of entering k at frame tau (for the backtrack)
-    below_best = np.full(n_frames, -np.inf)  # M_{k-1}(t) = max_{j<k} D_j(t)
-    for k in range(n_states):
-        # Value of entering k at frame tau (tau = 0: the path starts in k, no penalty).
-        enter = enters[:, k]
-        enter[0] = 0.0
-        enter[1:] = below_best[:-1] - switch_penalty - prefix[:-1, k]
-        # In k at t: entered at tau in [t - high + 1, t - low + 1].
-        reachable = np.full(n_frames, -np.inf)
-        if low[k] <= n_frames:
-            window = _trailing_max(enter, int(high[k] - low[k] + 1))
-            reachable[low[k] - 1 :] = window[: n_frames - low[k] + 1]
-        best[:, k] = prefix[:, k] + reachable
-        below_best = np.maximum(below_best, best[:, k])
+    monotone_forward(np.asarray(scores, np.float64), float(switch_penalty), low, high, best, enters)
     if not np.isfinite(best[-1]).any():  # no path fits the duration prior
         if min_durations is None and max_durations is None:  # no prior to drop: the scores themselves are bad
             raise DataError("region path: no path has a finite score (NaN/inf region scores or switch penalty)")

@@ -37,8 +37,8 @@ import json
 import numpy as np
 from scipy.special import expit, logit
 
-from vce.post.anatomy import clipped_logits
-from vce.post.kernels import block_posteriors, block_products, viterbi_path
+from vce.post.anatomy import label_logits
+from vce.post.kernels import block_posteriors, block_products, innovation_pairs, viterbi_path
 from vce.post.runs import last_axis_max, runs_of
 
 MIN_POSITIVE_FRAMES = 20  # fewer positive tuning frames (or fewer than 2 runs): no model
@@ -115,18 +115,11 @@ def fit_phases(lengths: np.ndarray, n: int, rate: float) -> list:
 
 def innovation_scores(logits: np.ndarray, observed: np.ndarray, model: dict) -> np.ndarray:
     """(4, P) the Gaussian innovation's log density of each (x_{t-1}, x_t) pair at t, rows 00,
-    01, 10, 11 (up to a shared constant; 0 unless t and t - 1 are both observed)."""
-    prev = np.empty_like(logits)
-    prev[0], prev[1:] = logits[0], logits[:-1]
-    both = observed.copy()
-    both[0] = False
-    both[1:] &= observed[:-1]
+    01, 10, 11 (up to a shared constant; 0 unless t and t - 1 are both observed); compiled
+    (`vce.post.kernels.innovation_pairs`: numpy's temporaries of every row cost ~0.3 s a decoding)."""
     scores = np.empty((4, len(logits)))
-    base = logits - model["a"] - model["rho"] * prev
-    for i in (0, 1):
-        for j in (0, 1):
-            z = (base - model["b"] * j - model["g"] * i) / model["sigma"]
-            scores[2 * i + j] = np.where(both, -0.5 * z * z, 0.0)
+    innovation_pairs(np.asarray(logits, np.float64), np.asarray(observed, bool), float(model["a"]),
+                     float(model["rho"]), float(model["b"]), float(model["g"]), float(model["sigma"]), scores)
     return scores
 
 
@@ -361,7 +354,7 @@ def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tup
     they cannot lower its AP)."""
     key = ("ar-posterior", k, float(bias), tuple(float(level) for level in levels), json.dumps(model, sort_keys=True))
     if key not in timeline.prob_cums:
-        scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
+        scores, log_trans, on, first, last = _chain(timeline, label_logits(timeline, k), model, bias)
         posterior = chain_posterior(scores, log_trans, on, first, last)
         decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, k, model, bias))))
         found: dict = {}
@@ -381,7 +374,7 @@ def ar_decode_all(timeline, decodings) -> None:
     for k, model, bias in decodings:
         key = _key(k, model, bias)
         if key not in timeline.prob_cums:
-            scores, log_trans, on, first, last = _chain(timeline, clipped_logits(timeline.probs[k]), model, bias)
+            scores, log_trans, on, first, last = _chain(timeline, label_logits(timeline, k), model, bias)
             path = chain_path(scores, log_trans, on, first, last)
             starts, ends = _observed_runs(path.astype(bool), timeline.observed)
             timeline.prob_cums[key] = starts, ends, _strength(scores, starts, ends)

@@ -45,6 +45,7 @@ from vce.core.io import atomic_path
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.core.params import FieldError, OddInt, Section, explain
 from vce.post.anatomy import anatomy_runs
+from vce.post.kernels import majority_runs
 from vce.post.runs import mean_probs, runs_of, video_of
 
 # Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
@@ -117,7 +118,7 @@ class Timeline:
     probs: np.ndarray  # (17, P) float32, NaN where not observed; label-major for column passes
     observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
-    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("peak", k), "region_logits", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
+    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("logits", k); ("peak", k), "region_logits", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
     region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
 
     def with_probs(self, probs: np.ndarray) -> Timeline:
@@ -203,29 +204,13 @@ def label_runs(timeline: Timeline, k: int, threshold: float, params: EventParams
 
 def smooth_runs(timeline: Timeline, active: np.ndarray, median_window: int, fill_gap: int, min_length: int):
     """Steps 2-4 on a (P,) bool mask: (start, end) dense positions (inclusive) of its runs."""
-    # 2. Median filter = majority of observed frames in the window (prefix sums; separators pad the ends).
+    # 2. Median filter = majority of observed frames in the window (separators pad the ends),
+    #    with the runs of its result: one compiled pass (`majority_runs`).
     half = median_window // 2
     if half > 0:
-        size = len(active)
-        active_cum = np.concatenate([[0], np.cumsum(active, dtype=np.int32)])
-        width = 2 * half + 1
-        active_count = np.zeros(size, dtype=np.int32)
-        observed_count = np.zeros(size, dtype=np.int32)
-        if size >= width:
-            active_count[half : size - half] = active_cum[width:] - active_cum[: size - width + 1]
-            observed_count[half : size - half] = (
-                timeline.observed_cum[width:] - timeline.observed_cum[: size - width + 1]
-            )
-        # The first and last `half` positions (separators on a timeline built with enough reach;
-        # everything on one shorter than the window, e.g. an empty test set): the window clipped.
-        edges = np.unique(np.r_[0:min(half, size), max(size - half, 0):size])
-        hi, lo = np.minimum(edges + half + 1, size), np.maximum(edges - half, 0)
-        active_count[edges] = active_cum[hi] - active_cum[lo]
-        observed_count[edges] = timeline.observed_cum[hi] - timeline.observed_cum[lo]
-        twice = 2 * active_count
-        active = timeline.observed & ((twice > observed_count) | ((twice == observed_count) & active))
-    # Runs of active positions.
-    starts, ends = runs_of(active)
+        starts, ends = majority_runs(np.ascontiguousarray(active, bool), timeline.observed, half)
+    else:
+        starts, ends = runs_of(active)
     # 3. Fill gaps of at most fill_gap frames (a gap of missing frames counts the same).
     if len(starts) > 1:
         bridged = (starts[1:] - ends[:-1] - 1) <= fill_gap

@@ -232,3 +232,97 @@ def block_posteriors(lik, reset, off, on, from_off, from_on, x, block, into, out
                         out[j, lane] = beta[0, lane]
             _divide_by_max(out, top)
             beta[:] = out
+
+
+@njit(cache=True)
+def majority_runs(active, observed, half):
+    """(starts, ends) inclusive positions of the runs of the median-filtered (P,) bool `active`:
+    a position is on when it is `observed` and more than half of the observed positions of its
+    window (t - half .. t + half, clipped to the axis) are active, a tie keeping its own value.
+    The window's counts slide one position a step (whole numbers: the same counts as numpy's
+    prefix-sum differences in `vce.post.events.smooth_runs`)."""
+    size = len(active)
+    starts, ends = np.empty(size // 2 + 1, np.int64), np.empty(size // 2 + 1, np.int64)
+    n_active = n_observed = 0
+    for r in range(min(half, size)):  # the window of position 0 without its right end
+        n_active += active[r]
+        n_observed += observed[r]
+    n_runs, inside = 0, False
+    for t in range(size):
+        if t + half < size:
+            n_active += active[t + half]
+            n_observed += observed[t + half]
+        if t - half - 1 >= 0:
+            n_active -= active[t - half - 1]
+            n_observed -= observed[t - half - 1]
+        twice = 2 * n_active
+        on = observed[t] and (twice > n_observed or (twice == n_observed and active[t]))
+        if on and not inside:
+            starts[n_runs], inside = t, True
+        elif inside and not on:
+            ends[n_runs], inside = t - 1, False
+            n_runs += 1
+    if inside:
+        ends[n_runs] = size - 1
+        n_runs += 1
+    return starts[:n_runs].copy(), ends[:n_runs].copy()
+
+
+@njit(cache=True, inline="always")
+def _maximum(a, b):
+    """np.maximum of two floats: a NaN on either side wins."""
+    return a if a >= b or a != a else b
+
+
+@njit(cache=True)
+def monotone_forward(scores, switch_penalty, low, high, best, enters):
+    """The forward pass of `vce.post.anatomy.monotone_path`: writes D_k(t) into `best` (T, K)
+    and the value of entering k at frame tau into `enters` (T, K), state by state as the numpy
+    layout did (prefix sums in frame order, the window maximum of van Herk / Gil-Werman blocks
+    with np.maximum's operands in its order). `low`, `high` (K,) int64 the duration bounds,
+    1 <= low <= high, high <= T unless low > T (a state the video is too short for)."""
+    n_frames, n_states = scores.shape
+    prefix, below = np.empty(n_frames), np.full(n_frames, -np.inf)
+    forward, backward = np.empty(n_frames), np.empty(n_frames)
+    for k in range(n_states):
+        # Trailing maximum of enters over `width` frames: from each block's start forwards, from
+        # its end (or the last frame) backwards; a window spans two blocks at most. A window
+        # as long as the video: the running maximum (one block, read forwards only). The
+        # position inside a block is counted, not divided out (a division a frame costs more
+        # than the rest of the step).
+        whole = high[k] - low[k] + 1 >= n_frames
+        width = min(high[k] - low[k] + 1, n_frames)
+        at = 0  # t's position in its block
+        for t in range(n_frames):
+            prefix[t] = scores[0, k] if t == 0 else prefix[t - 1] + scores[t, k]
+            enters[t, k] = 0.0 if t == 0 else below[t - 1] - switch_penalty - prefix[t - 1]
+            forward[t] = enters[t, k] if at == 0 else _maximum(forward[t - 1], enters[t, k])
+            at = 0 if at == width - 1 else at + 1
+        if not whole:
+            at = (n_frames - 1) % width
+            for t in range(n_frames - 1, -1, -1):
+                block_end = at == width - 1 or t == n_frames - 1
+                backward[t] = enters[t, k] if block_end else _maximum(backward[t + 1], enters[t, k])
+                at = width - 1 if at == 0 else at - 1
+        for t in range(n_frames):
+            reachable = -np.inf
+            if t >= low[k] - 1:
+                tau = t - low[k] + 1  # the latest entry frame; the window ends there
+                reachable = forward[tau] if whole or tau < width - 1 else \
+                    _maximum(backward[tau - width + 1], forward[tau])
+            best[t, k] = prefix[t] + reachable
+            below[t] = _maximum(below[t], best[t, k])
+
+
+@njit(cache=True)
+def innovation_pairs(logits, observed, a, rho, b, g, sigma, scores):
+    """`vce.post.arhmm.innovation_scores` in one pass: writes into `scores` (4, P), row 2i + j,
+    -z^2 / 2 with z = (x_t - a - rho x_{t-1} - b j - g i) / sigma where t and t - 1 are both
+    observed (x_{-1} = x_0), else 0; the operations in the numpy expression's order."""
+    for t in range(len(logits)):
+        base = (logits[t] - a) - rho * logits[max(t - 1, 0)]
+        both = t > 0 and observed[t] and observed[t - 1]
+        for i in range(2):
+            for j in range(2):
+                z = ((base - b * j) - g * i) / sigma
+                scores[2 * i + j, t] = (-0.5 * z) * z if both else 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from vce.core.labels import LABELS, REGIONS
-from vce.post.anatomy import clipped_logits
+from vce.post.anatomy import label_logits
 from vce.post.events import Timeline
 
 
@@ -55,7 +55,7 @@ def fit_temperatures(timeline: Timeline, labels: np.ndarray, n_frames: int, seed
         rows = np.concatenate([negatives, positives])
         target = np.repeat([0, 1], [len(negatives), len(positives)])
         # "balanced": each side weighs half whatever its sample size, the even prior.
-        model = logistic(clipped_logits(timeline.probs[k, rows])[:, None], target, C=100.0, max_iter=200,
+        model = logistic(label_logits(timeline, k)[rows][:, None], target, C=100.0, max_iter=200,
                           class_weight="balanced")
         slope, offset = float(model.coef_[0, 0]), float(model.intercept_[0])
         out.append([slope, offset] if slope > 0 else None)
@@ -67,7 +67,7 @@ def calibrated(timeline: Timeline, temperatures: list) -> Timeline:
     probs = timeline.probs.copy()
     for k, fitted in enumerate(temperatures):
         if fitted is not None:
-            z = fitted[0] * clipped_logits(probs[k]) + fitted[1]
+            z = fitted[0] * label_logits(timeline, k) + fitted[1]
             probs[k] = np.where(timeline.observed, 1 / (1 + np.exp(-z)), np.nan)
     return timeline.with_probs(probs)
 
@@ -90,7 +90,7 @@ def recentred(timeline: Timeline, centres: list) -> Timeline:
             continue
         # 1. Each video's logits (one pass over the label), 2. their median per video, 3. the
         #    shift to the centre, then back to probabilities (the same sums as video by video).
-        z = clipped_logits(probs[k, lo:])
+        z = label_logits(timeline, k)[lo:].copy()  # shifted in place below
         shift = np.zeros(len(lengths))
         for v in np.flatnonzero(has_seen):
             seen = z[firsts[v]:firsts[v] + lengths[v]][observed[firsts[v]:firsts[v] + lengths[v]]]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from vce.core.labels import LABEL_INDEX, LABELS, LANDMARKS, REGIONS
-from vce.post.anatomy import clipped_logits
+from vce.post.anatomy import label_logits
 from vce.post.arhmm import ar_decode_all, ar_run_strength, ar_runs, fit_ar_model
 from vce.post.engine.candidates import (
     anchored_candidates,
@@ -83,7 +83,7 @@ def screened(timeline, params: EngineParams, labels: np.ndarray) -> set:
     and the AR(1) decoder are tried for. A screen that assumes no noise model, so it does not
     favour the model a decoder tests (the AR fit's own step in innovation units would)."""
     return {LABEL_INDEX[label] for label in LABELS if label not in REGIONS
-            and rank_auc(clipped_logits(timeline.probs[LABEL_INDEX[label]]), labels[LABEL_INDEX[label]])
+            and rank_auc(label_logits(timeline, LABEL_INDEX[label]), labels[LABEL_INDEX[label]])
             >= params.decoder_min_auc}
 
 
@@ -95,7 +95,7 @@ def ar_models(timeline, params: EngineParams, labels: np.ndarray, passed: set) -
         return {}
     models = {}
     for k in sorted(passed):
-        model = fit_ar_model(clipped_logits(timeline.probs[k]), labels[k], params.ar_off_phases, params.ar_on_phases)
+        model = fit_ar_model(label_logits(timeline, k), labels[k], params.ar_off_phases, params.ar_on_phases)
         if model is not None:
             models[k] = model
     ar_decode_all(timeline, [(k, model, float(bias)) for k, model in models.items() for bias in params.ar_biases])

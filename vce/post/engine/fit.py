@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from vce.core.labels import LABELS, REGIONS
-from vce.post.anatomy import clipped_logits
+from vce.post.anatomy import label_logits
 from vce.post.engine.apply import all_region_candidates, engine_submission_on, label_candidates
 from vce.post.engine.calibration import calibrated, fit_temperatures, recentred
 from vce.post.engine.candidates import gc_paused, head_candidates
@@ -82,7 +82,7 @@ def _read_findings(timeline: Timeline, gt: dict, params: EngineParams, seed: int
     (`finding_calibration`)): findings re-centred per video, then read through temperatures."""
     centres = None
     if params.recentre and timeline.observed.any():
-        centres = [None if label in REGIONS else float(np.median(clipped_logits(timeline.probs[k][timeline.observed])))
+        centres = [None if label in REGIONS else float(np.median(label_logits(timeline, k)[timeline.observed]))
                    for k, label in enumerate(LABELS)]
         timeline = recentred(timeline, centres)
     labels = label_truth(timeline, gt)

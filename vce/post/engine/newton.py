@@ -56,6 +56,13 @@ def _hessian(x: np.ndarray, w: np.ndarray, raw: np.ndarray, l2: float) -> np.nda
     return hess
 
 
+def _ill_conditioned(hess: np.ndarray) -> bool:
+    """np.linalg.cond(hess) > MAX_CONDITION (its ratio of singular values, a zero smallest one
+    infinite), without its wrapper's checks: the fit asks once an iteration, on a 7 x 7 matrix."""
+    singular = np.linalg.svd(hess, compute_uv=False)  # descending
+    return not singular[-1] > 0 or singular[0] / singular[-1] > MAX_CONDITION
+
+
 def newton_logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, C: float = 1.0, tol: float = 1e-4,
                     max_iter: int = 200) -> tuple[np.ndarray, float] | None:
     """(coef (F,), intercept) of the L2 logistic regression of 0/1 `y` on (N, F) `x`, each row
@@ -65,12 +72,12 @@ def newton_logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray, C: 
     l2 = 1.0 / (C * w.sum())
     coef = np.zeros(x.shape[1] + 1)
     raw = x @ coef[:-1] + coef[-1]
-    loss, _ = _loss_gradient(x, y, w, coef, raw, l2)
+    loss, grad = _loss_gradient(x, y, w, coef, raw, l2)
     for _ in range(max_iter):
-        # 1-2. The Newton step at the current point.
-        _, grad = _loss_gradient(x, y, w, coef, raw, l2)
+        # 1-2. The Newton step at the current point (its gradient: the line search's last, at
+        #      the point it accepted).
         hess = _hessian(x, w, raw, l2)
-        if not np.isfinite(hess).all() or np.linalg.cond(hess) > MAX_CONDITION:
+        if not np.isfinite(hess).all() or _ill_conditioned(hess):
             return None
         step = np.linalg.solve(hess, -grad)
         descent = float(grad @ step)

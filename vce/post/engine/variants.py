@@ -88,12 +88,15 @@ def _greedy_cover(options: np.ndarray, predict, truth: np.ndarray, n: int, given
     counted) the most ground-truth spans not matched yet (two at least at one threshold), after the spans
     that the `given` option (ranked before them all) matches."""
     unmatched = {t: np.ones(len(truth), bool) for t in THRESHOLDS}
+    matches: dict = {}  # option -> {t: (F,) its prediction's tIoU >= t}: the same every round
 
     def hits_of(option):
-        a, b = predict(option)  # (F,) predicted span per ground-truth span
-        inter = np.maximum(0, np.minimum(b, truth[:, 1]) - np.maximum(a, truth[:, 0]) + 1)
-        iou = inter / np.maximum((b - a + 1) + (truth[:, 1] - truth[:, 0] + 1) - inter, 1)
-        return {t: (iou >= t) & unmatched[t] for t in THRESHOLDS}
+        if option not in matches:
+            a, b = predict(option)  # (F,) predicted span per ground-truth span
+            inter = np.maximum(0, np.minimum(b, truth[:, 1]) - np.maximum(a, truth[:, 0]) + 1)
+            iou = inter / np.maximum((b - a + 1) + (truth[:, 1] - truth[:, 0] + 1) - inter, 1)
+            matches[option] = {t: iou >= t for t in THRESHOLDS}
+        return {t: matches[option][t] & unmatched[t] for t in THRESHOLDS}
 
     if given is not None:
         for t, hits in hits_of(given).items():
