@@ -2,7 +2,8 @@
 
 A policy says how the engine emits one label: `off` (never), `runs` (decoded runs of its
 probabilities, gated per video), `anchored` (landmark events at learned offsets from a decoded
-boundary), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
+boundary), `boundary` (landmark events ranked by the posterior of the boundary it marks,
+`vce.post.engine.landmarks`), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
 (the mouth and the esophagus from the head posterior, `vce.post.head`). Each `to_dict` writes
 the keys, in the order, that its `from_dict` reads back; a file written by an older version
 that lacks a key is refused naming the label and the key.
@@ -158,6 +159,35 @@ class AnchoredPolicy:
 
 
 @dataclass(kw_only=True)
+class BoundaryPolicy:
+    """A landmark's events from the posterior of the boundary it marks (`vce.post.engine.landmarks`):
+    the crossing within `width` positions of the decoded one, tempered by `temperature`, each
+    [offset, length, weight] of `spans` placed at it, scored by their summed probability times
+    the event's mean landmark probability to the power `prob_weight`, the `candidates` best per
+    video, where the video's `evidence` (a `BOUNDARY_FEATURES` name) reaches `gate` (None: every
+    video with a decoded boundary)."""
+
+    kind: ClassVar[str] = "boundary"
+    temperature: float
+    width: int
+    spans: list
+    prob_weight: float
+    candidates: int
+    evidence: str
+    gate: float | None
+    tuning_ap: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "temperature": self.temperature, "width": self.width, "spans": self.spans,
+                "prob_weight": self.prob_weight, "candidates": self.candidates, "evidence": self.evidence,
+                "gate": self.gate, **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return _build(cls, data, [])
+
+
+@dataclass(kw_only=True)
 class RegionPolicy:
     """A region's decoded run, its learned `variants` ((mode, a, b), `place_variant`), then its
     pieces cut at other labels' events, `cut_order` ("longest" or "shortest") first, where the
@@ -200,8 +230,9 @@ class HeadPolicy:
         return _build(cls, data, [])
 
 
-Policy = OffPolicy | RunsPolicy | AnchoredPolicy | RegionPolicy | HeadPolicy
-POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, RegionPolicy, HeadPolicy)}
+Policy = OffPolicy | RunsPolicy | AnchoredPolicy | BoundaryPolicy | RegionPolicy | HeadPolicy
+POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, BoundaryPolicy, RegionPolicy,
+                                          HeadPolicy)}
 
 
 @dataclass
