@@ -25,7 +25,7 @@ from vce.post.engine.candidates import (
     run_candidates,
 )
 from vce.post.engine.gate import gate_evidence, gated
-from vce.post.engine.landmarks import apply_boundary
+from vce.post.engine.landmarks import appended_events, apply_boundary
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import (
     AnchoredPolicy,
@@ -155,6 +155,11 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appen
         if isinstance(policy, RunsPolicy):
             c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
             c.evidence = gate_evidence(c.features, policy)
+            if policy.boundary is not None and appended:  # a landmark's boundary candidates after its runs
+                if scores is None:
+                    scores = region_emissions(timeline, engine.coef, engine.intercept)
+                extra = apply_boundary(timeline, scores, path, label, policy.boundary).events
+                c.events, c.spans = appended_events(c.events, extra, engine.top_k), None
         elif isinstance(policy, AnchoredPolicy):
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy.anchors])
         elif isinstance(policy, BoundaryPolicy):

@@ -25,8 +25,15 @@ from vce.post.engine.candidates import (
     region_shares,
     run_candidates,
 )
-from vce.post.engine.gate import LabelObjective, evidence_of, fit_gate, fit_presence_model, presence_inputs
-from vce.post.engine.landmarks import boundary_policy
+from vce.post.engine.gate import (
+    LabelObjective,
+    evidence_of,
+    fit_gate,
+    fit_presence_model,
+    gate_evidence,
+    presence_inputs,
+)
+from vce.post.engine.landmarks import appended_boundary, boundary_policy
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import AnchoredPolicy, OffPolicy, Policy, RunsPolicy
 from vce.post.engine.quantile_runs import quantile_runs
@@ -159,6 +166,8 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
         if policy is not None and weight * value > best[0] + 1e-12:
             best = (weight * value, policy)
     value, policy = best
+    if label in LANDMARKS and params.landmark_candidates > 0 and boundary is not None and isinstance(policy, RunsPolicy):
+        value, policy = _with_boundary(timeline, objective, params, path, gt, label, boundary, policy, value, weight)
     off = isinstance(policy, OffPolicy)
     tuning_ap = round((value - margin if off else value) / max(len(silent), 1), 4)
     policy = replace(policy, tuning_ap=tuning_ap, detectors=detectors)
@@ -203,6 +212,23 @@ def _held_out_value(items: list, silent: np.ndarray, names, scored: np.ndarray) 
     evidence = evidence_of(features, extra["evidence"], extra.get("presence_model"))[scored]
     admitted = np.isfinite(evidence) & (True if gate is None else evidence >= gate)
     return float(np.where(admitted, per_video[scored], silent[scored]).sum())
+
+
+def _with_boundary(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict, label: str,
+                   boundary: tuple, policy: RunsPolicy, value: float, weight: float) -> tuple[float, RunsPolicy]:
+    """A landmark emitted as runs, with its boundary candidates appended where they add to its
+    tuning AP (`appended_boundary`; the runs' gate unchanged); (its weighted value, the policy)."""
+    from vce.post.engine.apply import _policy_runs  # apply imports no phase module: no cycle
+
+    runs = _policy_runs(timeline, label, policy, params.top_k, path, appended=False)
+    evidence = gate_evidence(runs.features, policy)
+    emitted = np.isfinite(evidence) & (True if policy.gate is None else evidence >= policy.gate)
+    scores, truth = boundary
+    alone, appended, added = appended_boundary(timeline, objective, params, scores, path, truth, gt, label,
+                                               runs.events, emitted)
+    if added is None:
+        return value, policy
+    return value + weight * (appended - alone), replace(policy, boundary=added)
 
 
 def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,

@@ -169,52 +169,100 @@ def fit_boundary(objective: LabelObjective, landmark: str, lists: dict, learn: n
     return best
 
 
-def gated_value(objective: LabelObjective, landmark: str, candidates: Candidates, per_video: np.ndarray,
-                name: str, gate: float | None) -> np.ndarray:
-    """(V,) per-video AP when `candidates` are emitted where feature `name` passes `gate`, silence elsewhere."""
-    evidence = candidates.features[name]
-    emit = np.isfinite(evidence) & (True if gate is None else evidence >= gate)
-    return np.where(emit, per_video, objective.silent(landmark))
-
-
 def boundary_policy(timeline: Timeline, objective: LabelObjective, params: EngineParams, scores: np.ndarray,
                     path: np.ndarray, truth: np.ndarray, gt: dict, landmark: str) -> tuple[float, BoundaryPolicy | None]:
     """(cross-fitted summed AP, the policy fitted on every tuning video) of `landmark`'s boundary
-    candidates (module docstring, step 5): each half of the tuning videos (alternate videos) is
-    scored by the spans, setting, feature and gate learned on the other half, silent where the
-    other half's fit says silence. The policy is None where the fit on every video is silent."""
-    posteriors = {t: boundary_posteriors(timeline, scores, path, landmark, params.landmark_width, float(t))
-                  for t in params.landmark_temperatures}
-    by_id = {str(video["video_id"]): video for video in gt["videos"]}
-    fold = np.arange(len(timeline.video_ids)) % 2
-
-    def candidate_lists(learn: np.ndarray) -> tuple[list, dict]:
-        learn_gt = {"videos": [by_id[v] for v, keep in zip(timeline.video_ids, learn) if keep and v in by_id]}
-        spans = learn_boundary_spans(timeline, truth, learn_gt, landmark, params.landmark_width)
-        lists = {}
-        for t, posterior in posteriors.items():
-            for weight in params.landmark_prob_weights:
-                c = boundary_candidates(timeline, posterior, landmark, spans, float(weight), params.landmark_candidates)
-                lists[(float(t), float(weight))] = (c, objective.per_video(landmark, c.events))
-        return spans, lists
-
-    total = 0.0
-    for f in (0, 1):
-        learn = fold != f
-        _, lists = candidate_lists(learn)
-        _, setting, gate, name = fit_boundary(objective, landmark, lists, learn, params.landmark_features)
-        if setting is None:
-            total += float(objective.silent(landmark)[~learn].sum())
-        else:
-            total += float(gated_value(objective, landmark, *lists[setting], name, gate)[~learn].sum())
+    candidates (module docstring, step 5; `cross_fitted_events`). The policy is None where the
+    fit on every video is silent."""
+    fitted = _BoundaryFit(timeline, objective, params, scores, path, truth, gt, landmark)
+    value = float(objective.per_video(landmark, fitted.cross_fitted_events()).sum())
     everyone = np.ones(len(timeline.video_ids), bool)
-    spans, lists = candidate_lists(everyone)
+    spans, lists = fitted.candidate_lists(everyone)
     _, setting, gate, name = fit_boundary(objective, landmark, lists, everyone, params.landmark_features)
     if setting is None:
-        return total, None
+        return value, None
     temperature, weight = setting
-    return total, BoundaryPolicy(temperature=temperature, width=params.landmark_width, spans=spans,
+    return value, BoundaryPolicy(temperature=temperature, width=params.landmark_width, spans=spans,
                                  prob_weight=weight, candidates=params.landmark_candidates, evidence=name, gate=gate)
+
+
+class _BoundaryFit:
+    """One landmark's boundary candidates on the tuning videos: the posteriors at every
+    temperature (they do not depend on what is learned), the candidate lists of what one set of
+    videos learns, and the cross-fitted submission."""
+
+    def __init__(self, timeline: Timeline, objective: LabelObjective, params: EngineParams, scores: np.ndarray,
+                 path: np.ndarray, truth: np.ndarray, gt: dict, landmark: str):
+        self.timeline, self.objective, self.params, self.truth, self.landmark = timeline, objective, params, truth, landmark
+        self.posteriors = {float(t): boundary_posteriors(timeline, scores, path, landmark, params.landmark_width, float(t))
+                           for t in params.landmark_temperatures}
+        self.by_id = {str(video["video_id"]): video for video in gt["videos"]}
+
+    def candidates(self, learn: np.ndarray) -> tuple[list, dict]:
+        """(the spans learned on the videos `learn` (bool), setting (temperature, probability
+        weight) -> Candidates on every video)."""
+        timeline, params = self.timeline, self.params
+        learn_gt = {"videos": [self.by_id[v] for v, keep in zip(timeline.video_ids, learn) if keep and v in self.by_id]}
+        spans = learn_boundary_spans(timeline, self.truth, learn_gt, self.landmark, params.landmark_width)
+        return spans, {(t, float(weight)): boundary_candidates(timeline, posterior, self.landmark, spans, float(weight),
+                                                               params.landmark_candidates)
+                       for t, posterior in self.posteriors.items() for weight in params.landmark_prob_weights}
+
+    def candidate_lists(self, learn: np.ndarray) -> tuple[list, dict]:
+        """`candidates`, each with its per-video AP: setting -> (Candidates, (V,) AP)."""
+        spans, by_setting = self.candidates(learn)
+        return spans, {setting: (c, self.objective.per_video(self.landmark, c.events)) for setting, c in by_setting.items()}
+
+    def cross_fitted_events(self) -> list:
+        """Per tuning video, the events of the fit on the other half (alternate videos), [] where
+        that fit is silent or its gate rejects the video: no video is scored by its own fit."""
+        fold = np.arange(len(self.timeline.video_ids)) % 2
+        events: list = [[] for _ in fold]
+        for f in (0, 1):
+            learn = fold != f
+            _, lists = self.candidate_lists(learn)
+            _, setting, gate, name = fit_boundary(self.objective, self.landmark, lists, learn, self.params.landmark_features)
+            if setting is None:
+                continue
+            candidates = lists[setting][0]
+            evidence = candidates.features[name]
+            for v in np.flatnonzero(~learn & np.isfinite(evidence) & (True if gate is None else evidence >= gate)):
+                events[v] = candidates.events[v]
+        return events
+
+
+def appended_boundary(timeline: Timeline, objective: LabelObjective, params: EngineParams, scores: np.ndarray,
+                      path: np.ndarray, truth: np.ndarray, gt: dict, landmark: str, runs: list,
+                      emitted: np.ndarray) -> tuple[float, float, BoundaryPolicy | None]:
+    """A landmark emitted as runs (`runs`: per tuning video its decoded runs, `emitted`: (V,)
+    where its gate admits them): (summed tuning AP of the runs alone, with the best boundary
+    candidates appended, those candidates or None where none adds). Appended after a video's events they cannot lower its AP,
+    and the runs' gate still decides where the landmark is emitted, so only the ranking is
+    picked here, on the tuning videos (the spans learned on all of them)."""
+    silent = objective.silent(landmark)
+    alone = float(np.where(emitted, objective.per_video(landmark, runs), silent).sum())
+    best = (alone, None)
+    everyone = np.ones(len(timeline.video_ids), bool)
+    fitted = _BoundaryFit(timeline, objective, params, scores, path, truth, gt, landmark)
+    spans, by_setting = fitted.candidates(everyone)
+    for (temperature, weight), c in by_setting.items():
+        events = appended_events(runs, c.events, params.top_k)
+        value = float(np.where(emitted, objective.per_video(landmark, events), silent).sum())
+        if value > best[0] + 1e-12:
+            best = (value, BoundaryPolicy(temperature=temperature, width=params.landmark_width, spans=spans,
+                                          prob_weight=weight, candidates=params.landmark_candidates, evidence="all",
+                                          gate=None))
+    return alone, *best
+
+
+def appended_events(events: list, extra: list, top_k: int) -> list:
+    """Per video, `events` then those of `extra` not among them, up to `top_k` in all, where the
+    video has events (a video without them stays silent)."""
+    out = []
+    for own, more in zip(events, extra):
+        seen = set(own)
+        out.append(own + [e for e in more if e not in seen][:max(top_k - len(own), 0)] if own else own)
+    return out
 
 
 def apply_boundary(timeline: Timeline, scores: np.ndarray, path: np.ndarray, landmark: str,
