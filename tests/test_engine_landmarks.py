@@ -18,6 +18,7 @@ from vce.post.engine.landmarks import (
     boundary_policy,
     boundary_posteriors,
     fit_boundary,
+    gain_z,
     learn_boundary_spans,
 )
 from vce.post.engine.policies import BoundaryPolicy, RunsPolicy
@@ -235,3 +236,12 @@ def test_boundary_candidates_follow_a_landmarks_runs_only_where_they_are_emitted
     data = json.loads(json.dumps(runs.to_dict()))
     assert data["boundary"]["spans"] == [[-1, 1, 1.0]] and RunsPolicy.from_dict(data) == runs
     assert "boundary" not in replace(runs, boundary=None).to_dict()
+
+
+def test_a_summed_gain_over_the_margin_made_of_a_few_coin_flips_is_not_significant():
+    params = _engine_params()
+    chance = np.array([1.0] * 6 + [-1.0] * 4 + [0.0] * 30)  # +2 over 40 videos: above the margin of 1.0
+    assert chance.sum() > params.min_gain_sqrt_videos * np.sqrt(40)
+    assert gain_z(chance) < params.landmark_min_z
+    assert gain_z(np.array([1.0] * 12 + [-1.0] * 2 + [0.0] * 26)) > params.landmark_min_z
+    assert gain_z(np.zeros(5)) == 0.0 and gain_z(np.ones(1)) == -np.inf

@@ -31,7 +31,8 @@ region scores hold how sure it is. So, per video:
 5. The choice to emit is cross-fitted (`cross_fitted_boundary`): spans, temperature,
    probability weight, gate feature and gate learned on each half of the tuning videos score
    the other half; the label emits only where that beats silence (and its other policies) by
-   the engine's margin (`findings._label_policy`).
+   the engine's margin (`findings._label_policy`) and by `landmark_min_z` standard errors of
+   its per-video gains (`gain_z`).
 """
 
 from __future__ import annotations
@@ -173,9 +174,15 @@ def boundary_policy(timeline: Timeline, objective: LabelObjective, params: Engin
                     path: np.ndarray, truth: np.ndarray, gt: dict, landmark: str) -> tuple[float, BoundaryPolicy | None]:
     """(cross-fitted summed AP, the policy fitted on every tuning video) of `landmark`'s boundary
     candidates (module docstring, step 5; `cross_fitted_events`). The policy is None where the
-    fit on every video is silent."""
+    fit on every video is silent, or where the cross-fitted per-video gain over silence is under
+    `landmark_min_z` standard errors above 0 (`gain_z`): the engine's margin is a bar on the
+    summed gain alone, and a landmark's gain lives in few videos with gains of +-1, so a
+    landmark without any signal passes it by chance (docs/engine_measurements.md)."""
     fitted = _BoundaryFit(timeline, objective, params, scores, path, truth, gt, landmark)
-    value = float(objective.per_video(landmark, fitted.cross_fitted_events()).sum())
+    per_video = objective.per_video(landmark, fitted.cross_fitted_events())
+    value = float(per_video.sum())
+    if gain_z(per_video - objective.silent(landmark)) < params.landmark_min_z:
+        return value, None
     everyone = np.ones(len(timeline.video_ids), bool)
     spans, lists = fitted.candidate_lists(everyone)
     _, setting, gate, name = fit_boundary(objective, landmark, lists, everyone, params.landmark_features)
@@ -184,6 +191,15 @@ def boundary_policy(timeline: Timeline, objective: LabelObjective, params: Engin
     temperature, weight = setting
     return value, BoundaryPolicy(temperature=temperature, width=params.landmark_width, spans=spans,
                                  prob_weight=weight, candidates=params.landmark_candidates, evidence=name, gate=gate)
+
+
+def gain_z(gain: np.ndarray) -> float:
+    """The summed per-video `gain` in standard errors (its sample standard deviation x sqrt(V));
+    0 where nothing changes, -inf with fewer than 2 videos."""
+    if len(gain) < 2:
+        return float("-inf")
+    spread = float(np.std(gain, ddof=1)) * np.sqrt(len(gain))
+    return 0.0 if spread == 0 else float(gain.sum()) / spread
 
 
 class _BoundaryFit:

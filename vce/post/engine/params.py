@@ -60,6 +60,7 @@ class EngineParams(Section):
     landmark_temperatures: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
     landmark_prob_weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
     landmark_features: list[Literal[BOUNDARY_FEATURES]] = Field(min_length=1)
+    landmark_min_z: float
     min_gain_sqrt_videos: float = Field(ge=0)
     recentre: bool
     finding_calibration: bool
