@@ -113,6 +113,7 @@ class BoundaryPolicy:
     evidence: str
     gate: float | None
     tuning_ap: float | None = None
+    detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "temperature": self.temperature, "width": self.width, "spans": self.spans,
