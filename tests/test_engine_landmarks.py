@@ -20,6 +20,7 @@ from vce.post.engine.landmarks import (
     fit_boundary,
     gain_z,
     learn_boundary_spans,
+    significant,
 )
 from vce.post.engine.policies import BoundaryPolicy, RunsPolicy
 from vce.post.engine.regions import region_truth
@@ -245,3 +246,17 @@ def test_a_summed_gain_over_the_margin_made_of_a_few_coin_flips_is_not_significa
     assert gain_z(chance) < params.landmark_min_z
     assert gain_z(np.array([1.0] * 12 + [-1.0] * 2 + [0.0] * 26)) > params.landmark_min_z
     assert gain_z(np.zeros(5)) == 0.0 and gain_z(np.ones(1)) == -np.inf
+
+
+def test_a_gain_at_one_threshold_does_not_hide_a_loss_at_the_other():
+    # A boundary a few frames off: matched at tIoU 0.5 in 18 of 20 videos holding the landmark,
+    # at 0.95 in 1; absent in the other 20, emitted in 3 of them (each loses its silence credit):
+    # +15 at 0.5, -2 at 0.95, their mean +6.5 (2.4 standard errors).
+    silent = np.array([0.0] * 20 + [1.0] * 20)
+    at_05 = np.array([1.0] * 18 + [0.0] * 2 + [0.0] * 3 + [1.0] * 17)
+    at_095 = np.array([1.0] * 1 + [0.0] * 19 + [0.0] * 3 + [1.0] * 17)
+    weights = {"mean": {0.5: 0.5, 0.95: 0.5}, "map@0.5": {0.5: 1.0, 0.95: 0.0}}
+    assert gain_z(0.5 * at_05 + 0.5 * at_095 - silent) > 2.0  # the mean alone passes
+    assert not significant({0.5: at_05, 0.95: at_095}, silent, weights["mean"], 1.0)
+    assert significant({0.5: at_05, 0.95: at_095}, silent, weights["map@0.5"], 1.0)  # 0.95 not weighed
+    assert significant({0.5: at_05, 0.95: at_05}, silent, weights["mean"], 1.0)

@@ -32,7 +32,7 @@ region scores hold how sure it is. So, per video:
    probability weight, gate feature and gate learned on each half of the tuning videos score
    the other half; the label emits only where that beats silence (and its other policies) by
    the engine's margin (`findings._label_policy`) and by `landmark_min_z` standard errors of
-   its per-video gains (`gain_z`).
+   its per-video gains (`gain_z`) at each tIoU threshold the objective weighs.
 """
 
 from __future__ import annotations
@@ -175,13 +175,15 @@ def boundary_policy(timeline: Timeline, objective: LabelObjective, params: Engin
     """(cross-fitted summed AP, the policy fitted on every tuning video) of `landmark`'s boundary
     candidates (module docstring, step 5; `cross_fitted_events`). The policy is None where the
     fit on every video is silent, or where the cross-fitted per-video gain over silence is under
-    `landmark_min_z` standard errors above 0 (`gain_z`): the engine's margin is a bar on the
-    summed gain alone, and a landmark's gain lives in few videos with gains of +-1, so a
-    landmark without any signal passes it by chance (docs/engine_measurements.md)."""
+    `landmark_min_z` standard errors above 0 (`gain_z`) at any tIoU threshold the objective
+    weighs: the engine's margin is a bar on the summed gain alone, and a landmark's gain lives in
+    few videos with gains of +-1, so a landmark without any signal passes it by chance; and a
+    boundary placed a few frames off gains at 0.5 what it loses at 0.95, which their mean hides
+    (docs/engine_measurements.md)."""
     fitted = _BoundaryFit(timeline, objective, params, scores, path, truth, gt, landmark)
-    per_video = objective.per_video(landmark, fitted.cross_fitted_events())
-    value = float(per_video.sum())
-    if gain_z(per_video - objective.silent(landmark)) < params.landmark_min_z:
+    by_threshold = objective.per_threshold(landmark, fitted.cross_fitted_events())
+    value = float(sum(objective.weights[t] * aps for t, aps in by_threshold.items()).sum())
+    if not significant(by_threshold, objective.silent(landmark), objective.weights, params.landmark_min_z):
         return value, None
     everyone = np.ones(len(timeline.video_ids), bool)
     spans, lists = fitted.candidate_lists(everyone)
@@ -191,6 +193,13 @@ def boundary_policy(timeline: Timeline, objective: LabelObjective, params: Engin
     temperature, weight = setting
     return value, BoundaryPolicy(temperature=temperature, width=params.landmark_width, spans=spans,
                                  prob_weight=weight, candidates=params.landmark_candidates, evidence=name, gate=gate)
+
+
+def significant(by_threshold: dict, silent: np.ndarray, weights: dict, min_z: float) -> bool:
+    """Whether the per-video AP `by_threshold` (tIoU threshold -> (V,)) beats `silent` (V,) by
+    `min_z` standard errors (`gain_z`) at every threshold of positive weight, not only in their
+    weighted mean."""
+    return all(gain_z(aps - silent) >= min_z for t, aps in by_threshold.items() if weights[t] > 0)
 
 
 def gain_z(gain: np.ndarray) -> float:
