@@ -240,7 +240,8 @@ def run_protocol(gt, frame_labels, frame_probs, rng, event_params, threshold_par
     out["engine_per_label"] = decomposition(gt_test, engine_sub)
     oracle = decomposition(gt_test, oracle_runs(gt_test, ANATOMY))
     out["oracle_anatomy_gap_per_label"] = oracle_gaps(out["engine_per_label"], oracle)
-    out["engine_by_group"] = by_group(out["engine_per_label"], out["oracle_anatomy_gap_per_label"])
+    out["engine_by_group"] = by_group(out["engine_per_label"], out["oracle_anatomy_gap_per_label"],
+                                      decomposition(gt_test, empty_sub))
     return out
 
 
@@ -252,14 +253,22 @@ def oracle_gaps(engine: dict, oracle: dict) -> dict:
             for label in engine}
 
 
-def by_group(engine: dict, gaps: dict) -> dict:
+def by_group(engine: dict, gaps: dict, empty: dict | None = None) -> dict:
     """Regions, landmarks and findings: the engine's silence credit, its AP earned on present
-    videos and the anatomy oracle's gap, each summed over the group's labels (mAP points x 17)."""
+    videos and the anatomy oracle's gap, each summed over the group's labels (mAP points x 17);
+    with `empty` (the empty submission's `decomposition`), `if_silent`: what the group scores
+    left silent, against which its summed AP (silence + present) is above or below silence."""
     groups = {"regions": REGIONS, "landmarks": [label for label in ANATOMY if label not in REGIONS],
               "findings": [label for label in LABELS if label not in ANATOMY]}
-    return {name: {f"{part}@{t}": round(sum((gaps if part == "gap" else engine)[label][f"{part}@{t}"] for label in labels), 4)
-                   for t in (0.5, 0.95) for part in ("silence", "present", "gap")}
-            for name, labels in groups.items()}
+    parts = ("silence", "present", "gap")
+    out = {name: {f"{part}@{t}": round(sum((gaps if part == "gap" else engine)[label][f"{part}@{t}"] for label in labels), 4)
+                  for t in (0.5, 0.95) for part in parts}
+           for name, labels in groups.items()}
+    if empty is not None:
+        for name, labels in groups.items():
+            out[name] |= {f"if_silent@{t}": round(sum(empty[label][f"silence@{t}"] for label in labels), 4)
+                          for t in (0.5, 0.95)}
+    return out
 
 
 if __name__ == "__main__":

@@ -25,8 +25,18 @@ from vce.post.engine.candidates import (
     run_candidates,
 )
 from vce.post.engine.gate import gate_evidence, gated
+from vce.post.engine.landmarks import appended_events, apply_boundary
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import AnchoredPolicy, Engine, HeadPolicy, OffPolicy, RegionPolicy, RunSpec, RunsPolicy
+from vce.post.engine.policies import (
+    AnchoredPolicy,
+    BoundaryPolicy,
+    Engine,
+    HeadPolicy,
+    OffPolicy,
+    RegionPolicy,
+    RunSpec,
+    RunsPolicy,
+)
 from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.events import Timeline, build_timeline
@@ -117,7 +127,7 @@ def _cut_times(candidates) -> dict:
 def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores: np.ndarray) -> dict:
     """Gated candidates of every label: findings and landmarks first, regions cut at their events,
     the head's regions from its posterior (`scores`: the calibrated region emissions)."""
-    out, cuts, shadow = label_candidates(timeline, engine, path)
+    out, cuts, shadow = label_candidates(timeline, engine, path, scores=scores)
     out |= all_region_candidates(timeline, engine, path, cuts, shadow)
     heads: dict = {}  # one posterior per (temperature, count, priors): both regions read it
     for region in HEAD_REGIONS:
@@ -132,10 +142,11 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores
     return out
 
 
-def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
-                     appended: bool = True) -> tuple[dict, dict | None, dict | None]:
+def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appended: bool = True,
+                     scores: np.ndarray | None = None) -> tuple[dict, dict | None, dict | None]:
     """(gated candidates of every emitted finding and landmark, the times their events cut the
-    regions at, the times the runs of labels left silent cut them at (`shadow_cuts`))."""
+    regions at, the times the runs of labels left silent cut them at (`shadow_cuts`));
+    `scores`: the calibrated region emissions of `path` (computed here when a landmark needs them)."""
     out = {}
     ar_decode_all(timeline, [(LABEL_INDEX[label], spec.ar_model, spec.ar_bias) for label, spec in _run_specs(engine)
                              if spec.detector == "ar"])  # every decoding at once, then read from the cache
@@ -144,8 +155,17 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray,
         if isinstance(policy, RunsPolicy):
             c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
             c.evidence = gate_evidence(c.features, policy)
+            if policy.boundary is not None and appended:  # a landmark's boundary candidates after its runs
+                if scores is None:
+                    scores = region_emissions(timeline, engine.coef, engine.intercept)
+                extra = apply_boundary(timeline, scores, path, label, policy.boundary).events
+                c.events, c.spans = appended_events(c.events, extra, engine.top_k), None
         elif isinstance(policy, AnchoredPolicy):
             c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy.anchors])
+        elif isinstance(policy, BoundaryPolicy):
+            if scores is None:
+                scores = region_emissions(timeline, engine.coef, engine.intercept)
+            c = apply_boundary(timeline, scores, path, label, policy)
         else:
             continue
         out[label] = gated(c, policy.gate)

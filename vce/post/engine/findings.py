@@ -25,7 +25,15 @@ from vce.post.engine.candidates import (
     region_shares,
     run_candidates,
 )
-from vce.post.engine.gate import LabelObjective, evidence_of, fit_gate, fit_presence_model, presence_inputs
+from vce.post.engine.gate import (
+    LabelObjective,
+    evidence_of,
+    fit_gate,
+    fit_presence_model,
+    gate_evidence,
+    presence_inputs,
+)
+from vce.post.engine.landmarks import appended_boundary, boundary_policy
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import AnchoredPolicy, OffPolicy, Policy, RunsPolicy
 from vce.post.engine.quantile_runs import quantile_runs
@@ -60,10 +68,13 @@ def presence_rates(frame_labels: pd.DataFrame) -> dict:
 
 
 def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
-                 labels: np.ndarray, rates: dict | None = None) -> dict[str, Policy]:
+                 labels: np.ndarray, rates: dict | None = None, scores: np.ndarray | None = None,
+                 truth: np.ndarray | None = None) -> dict[str, Policy]:
     """Per finding / landmark (LABELS order): the best of off, decoded runs (the threshold grid;
     for labels that pass the decoder screen, `screened`, the rank detector's and, `ar_runs`, the
-    autoregressive HMM's too) and, for landmarks, anchors (`labels`: `label_truth`).
+    autoregressive HMM's too) and, for landmarks, anchors and (`scores`: the calibrated region
+    emissions of `path`, `truth`: `region_truth`) the boundary posterior's candidates
+    (`vce.post.engine.landmarks`; `labels`: `label_truth`).
 
     Emitting must beat silence by `min_gain_sqrt_videos` x sqrt(the number of tuning videos)
     summed AP (the summed gain's noise grows as its square root), and, for a label that
@@ -72,8 +83,9 @@ def phase_labels(timeline, objective: LabelObjective, params: EngineParams, path
     margin = params.min_gain_sqrt_videos * np.sqrt(len(timeline.video_ids))
     passed = screened(timeline, params, labels)
     models = ar_models(timeline, params, labels, passed)
+    boundary = (scores, truth) if scores is not None and truth is not None else None
     return {label: _label_policy(timeline, objective, params, path, gt, labels, label, (rates or {}).get(label), margin,
-                                 models.get(LABEL_INDEX[label]), LABEL_INDEX[label] in passed)
+                                 models.get(LABEL_INDEX[label]), LABEL_INDEX[label] in passed, boundary)
             for label in LABELS if label not in REGIONS}
 
 
@@ -117,10 +129,13 @@ def rank_auc(scores: np.ndarray, truth: np.ndarray, cap: int = 100_000) -> float
 
 def _label_policy(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,
                   labels: np.ndarray, label: str, rate: float | None, margin: float, model: dict | None,
-                  passed: bool) -> Policy:
+                  passed: bool, boundary: tuple | None = None) -> Policy:
     """One label's policy (`phase_labels`; `model`: its `ar_models` entry; `passed`: the decoder
-    screen's verdict), with its tuning AP per video and, when it is off,
-    the shadow of its best runs (`shadow_cuts`: they still cut the regions).
+    screen's verdict; `boundary`: (region emissions, `region_truth`) for a landmark's boundary
+    candidates), with its tuning AP per video and, when it is off, the shadow of its best runs
+    (`shadow_cuts`: they still cut the regions). Anchors and boundary candidates are weighed by
+    their cross-fitted AP (each half of the tuning videos scored by what the other half
+    learned): free-form, their in-sample AP flatters them.
 
     `detector_choice: cross_fitted`: the detector (thresholded runs, rank, the autoregressive
     HMM) is the one whose selection scores best on held-out tuning videos (`_detector_family`),
@@ -145,7 +160,14 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
         anchors = learn_anchors(timeline, path, gt, label, params.anchor_candidates)
         if anchors and value > best[0] + 1e-12:
             best = (value, AnchoredPolicy(anchors=anchors, gate=0.0))
+    if label in LANDMARKS and params.landmark_candidates > 0 and boundary is not None:
+        scores, truth = boundary
+        value, policy = boundary_policy(timeline, objective, params, scores, path, truth, gt, label)
+        if policy is not None and weight * value > best[0] + 1e-12:
+            best = (weight * value, policy)
     value, policy = best
+    if label in LANDMARKS and params.landmark_candidates > 0 and boundary is not None and isinstance(policy, RunsPolicy):
+        value, policy = _with_boundary(timeline, objective, params, path, gt, label, boundary, policy, value, weight)
     off = isinstance(policy, OffPolicy)
     tuning_ap = round((value - margin if off else value) / max(len(silent), 1), 4)
     policy = replace(policy, tuning_ap=tuning_ap, detectors=detectors)
@@ -190,6 +212,23 @@ def _held_out_value(items: list, silent: np.ndarray, names, scored: np.ndarray) 
     evidence = evidence_of(features, extra["evidence"], extra.get("presence_model"))[scored]
     admitted = np.isfinite(evidence) & (True if gate is None else evidence >= gate)
     return float(np.where(admitted, per_video[scored], silent[scored]).sum())
+
+
+def _with_boundary(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict, label: str,
+                   boundary: tuple, policy: RunsPolicy, value: float, weight: float) -> tuple[float, RunsPolicy]:
+    """A landmark emitted as runs, with its boundary candidates appended where they add to its
+    tuning AP (`appended_boundary`; the runs' gate unchanged); (its weighted value, the policy)."""
+    from vce.post.engine.apply import _policy_runs  # apply imports no phase module: no cycle
+
+    runs = _policy_runs(timeline, label, policy, params.top_k, path, appended=False)
+    evidence = gate_evidence(runs.features, policy)
+    emitted = np.isfinite(evidence) & (True if policy.gate is None else evidence >= policy.gate)
+    scores, truth = boundary
+    alone, appended, added = appended_boundary(timeline, objective, params, scores, path, truth, gt, label,
+                                               runs.events, emitted)
+    if added is None:
+        return value, policy
+    return value + weight * (appended - alone), replace(policy, boundary=added)
 
 
 def _runs_policies(timeline, objective: LabelObjective, params: EngineParams, path: np.ndarray, gt: dict,

@@ -60,7 +60,8 @@ def fit_engine(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0
     durations = learn_durations(timeline, truth, params.min_duration_quantile, params.max_duration_factor)
     _, penalty, path, region_policies, intercept, weight = phase_regions(timeline, objective, params, coef, intercept,
                                                                          region_log_prior(truth), durations)
-    label_policies = phase_labels(timeline, objective, params, path, gt, labels, rates)
+    label_policies = phase_labels(timeline, objective, params, path, gt, labels, rates,
+                                  region_emissions(timeline, coef, intercept), truth)
     for state, region in enumerate(REGIONS):
         region_policies[region].variants = learn_variants(timeline, path, gt, state, params.region_variants,
                                                           params.variant_reach)

@@ -80,6 +80,12 @@ class LabelObjective:
     def per_video(self, label: str, events: list, spans: tuple | None = None) -> np.ndarray:
         """(V,) objective AP of `label` per tuning video when every video emits its `events`
         (`spans`: the same as `Candidates.spans` arrays, read instead of the lists)."""
+        aps = self.per_threshold(label, events, spans)
+        return sum(self.weights[t] * aps[t] for t in THRESHOLDS)
+
+    def per_threshold(self, label: str, events: list, spans: tuple | None = None) -> dict:
+        """tIoU threshold -> (V,) AP of `label` per tuning video (0 for unscored videos): what
+        `per_video` weighs by the objective."""
         self.evaluations += 1
         pred = _span_arrays([events[v] for v in self.scored_index]) if spans is None else self._scored_spans(spans)
         truth = self.gt_arrays[label]
@@ -87,8 +93,9 @@ class LabelObjective:
         if aps is None:  # spans the fast path cannot take (end < start, huge frames): the scorer's own checks
             _, by_label = average_precisions(self.gt[label], _label_submission(self.video_ids, label, events))
             aps = {t: by_label[t][:, LABEL_INDEX[label]] for t in THRESHOLDS}
-        out = np.zeros(len(self.video_ids))
-        out[self.scored] = sum(self.weights[t] * aps[t] for t in THRESHOLDS)
+        out = {t: np.zeros(len(self.video_ids)) for t in THRESHOLDS}
+        for t in THRESHOLDS:
+            out[t][self.scored] = aps[t]
         return out
 
     def _scored_spans(self, spans: tuple) -> tuple:

@@ -16,6 +16,10 @@ from vce.core.params import OddInt, Section
 PRESENCE_FEATURES = ("max", "top3", "frames", "count", "peak", "region")
 # ... or `joint`: a logistic model over all of them (`fit_presence_model`).
 GATE_FEATURES = PRESENCE_FEATURES + ("joint",)
+# A landmark's boundary candidates' presence evidence (`vce.post.engine.landmarks`): every video
+# with a decoded boundary, the boundary posterior's largest probability, the landmark's highest
+# frame probability in the window, the best candidate's score.
+BOUNDARY_FEATURES = ("all", "sharpness", "peak", "top")
 
 
 class EngineParams(Section):
@@ -51,6 +55,12 @@ class EngineParams(Section):
     top_k: int = Field(ge=1)
     presence_features: list[Literal[GATE_FEATURES]] = Field(min_length=1)
     anchor_candidates: int = Field(ge=0)
+    landmark_candidates: int = Field(ge=0)
+    landmark_width: int = Field(ge=1)
+    landmark_temperatures: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+    landmark_prob_weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    landmark_features: list[Literal[BOUNDARY_FEATURES]] = Field(min_length=1)
+    landmark_min_z: float
     min_gain_sqrt_videos: float = Field(ge=0)
     recentre: bool
     finding_calibration: bool

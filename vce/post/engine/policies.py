@@ -2,7 +2,8 @@
 
 A policy says how the engine emits one label: `off` (never), `runs` (decoded runs of its
 probabilities, gated per video), `anchored` (landmark events at learned offsets from a decoded
-boundary), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
+boundary), `boundary` (landmark events ranked by the posterior of the boundary it marks,
+`vce.post.engine.landmarks`), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
 (the mouth and the esophagus from the head posterior, `vce.post.head`). Each `to_dict` writes
 the keys, in the order, that its `from_dict` reads back; a file written by an older version
 that lacks a key is refused naming the label and the key.
@@ -95,30 +96,66 @@ class RunSpec:
 
 
 @dataclass(kw_only=True)
+class BoundaryPolicy:
+    """A landmark's events from the posterior of the boundary it marks (`vce.post.engine.landmarks`):
+    the crossing within `width` positions of the decoded one, tempered by `temperature`, each
+    [offset, length, weight] of `spans` placed at it, scored by their summed probability times
+    the event's mean landmark probability to the power `prob_weight`, the `candidates` best per
+    video, where the video's `evidence` (a `BOUNDARY_FEATURES` name) reaches `gate` (None: every
+    video with a decoded boundary)."""
+
+    kind: ClassVar[str] = "boundary"
+    temperature: float
+    width: int
+    spans: list
+    prob_weight: float
+    candidates: int
+    evidence: str
+    gate: float | None
+    tuning_ap: float | None = None
+    detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "temperature": self.temperature, "width": self.width, "spans": self.spans,
+                "prob_weight": self.prob_weight, "candidates": self.candidates, "evidence": self.evidence,
+                "gate": self.gate, **_tuning(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        return _build(cls, data, [])
+
+
+@dataclass(kw_only=True)
 class RunsPolicy(RunSpec):
     """Emit the decoded runs where the video's `evidence` (a `PRESENCE_FEATURES` name, or
     "joint": the `presence_model`'s score) reaches `gate` (None: every video with a run);
-    `shares`: the label's `region_shares`, for the "region" feature."""
+    `shares`: the label's `region_shares`, for the "region" feature; `boundary` (a landmark):
+    that policy's candidates appended after the runs where they are emitted (its own gate unused)."""
 
     kind: ClassVar[str] = "runs"
     shares: list | None
     gate: float | None
     evidence: str
     presence_model: dict | None = None
+    boundary: BoundaryPolicy | None = None
     tuning_ap: float | None = None
     detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
 
     def to_dict(self) -> dict:
         joint = {"presence_model": self.presence_model} if self.evidence == "joint" else {}
+        boundary = {} if self.boundary is None else {"boundary": self.boundary.to_dict()}
         return {"kind": self.kind, "detector": self.detector, "threshold": self.threshold, "ratio": self.ratio,
                 "median_window": self.median_window, **self._ar(), "min_length": self.min_length,
                 "regions": self.regions, "shares": self.shares, "gate": self.gate, "evidence": self.evidence,
-                **joint, **_tuning(self)}
+                **joint, **boundary, **_tuning(self)}
 
     @classmethod
     def from_dict(cls, data: dict, lacking: list[str] | None = None):
         joint = ["presence_model"] if data.get("evidence") == "joint" and "presence_model" not in data else []
-        return super().from_dict(data, joint)
+        policy = super().from_dict({key: value for key, value in data.items() if key != "boundary"}, joint)
+        if data.get("boundary") is not None:
+            policy.boundary = BoundaryPolicy.from_dict(data["boundary"])
+        return policy
 
 
 @dataclass(kw_only=True)
@@ -200,8 +237,9 @@ class HeadPolicy:
         return _build(cls, data, [])
 
 
-Policy = OffPolicy | RunsPolicy | AnchoredPolicy | RegionPolicy | HeadPolicy
-POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, RegionPolicy, HeadPolicy)}
+Policy = OffPolicy | RunsPolicy | AnchoredPolicy | BoundaryPolicy | RegionPolicy | HeadPolicy
+POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, BoundaryPolicy, RegionPolicy,
+                                          HeadPolicy)}
 
 
 @dataclass

@@ -1,0 +1,85 @@
+"""What a landmark placed at the *true* region boundary earns, emitted in every video: the bound on
+landmarks without a presence signal.
+
+On the real Galar timelines (`../shared/fixtures/galar_gt_events.json`, 80 videos), per landmark:
+each video with a true crossing into the region the landmark marks (its first event of a region
+at or after it, following one before it) emits the landmark's spans (offset, length) from that
+crossing, learned on the *other* videos (leave one out), weighted by their share of their video's
+events and ranked by that weight, the first `--candidates` of them. Scored by the official metric
+per (video, label): AP on the videos that hold the landmark, silence credit lost on those that
+do not. Printed: per landmark, the videos with a crossing and those that hold it, the mean AP
+over the holding ones at tIoU 0.5 and 0.95, and the summed gain over silence (mean of both
+thresholds) of emitting it everywhere: negative means no exact boundary can make the landmark
+pay without a gate that predicts where it is present.
+
+Run: python -m bench.landmark_oracle [--candidates 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from bench.simulate import FIXTURE
+from vce.core.labels import LABEL_INDEX, LANDMARKS, REGIONS
+from vce.eval.score import average_precisions
+
+
+def true_crossing(events: list, region: int) -> int | None:
+    """The start of the first event of a region >= `region` that follows one of a lower region."""
+    seen_before = False
+    for event in events:
+        states = [REGIONS.index(label) for label in event["label"] if label in REGIONS]
+        if states and states[0] < region:
+            seen_before = True
+        if states and states[0] >= region and seen_before:
+            return event["start"]
+    return None
+
+
+def landmark_oracle(gt: dict, landmark: str, candidates: int) -> dict:
+    region = REGIONS.index(LANDMARKS[landmark][1])
+    rows = []  # (video, crossing, [(offset, length)])
+    for video in gt["videos"]:
+        at = true_crossing(video["events"], region)
+        if at is not None:
+            spans = [(e["start"] - at, e["end"] - e["start"] + 1) for e in video["events"] if landmark in e["label"]]
+            rows.append((video, at, spans))
+    truth, submission = {"videos": []}, {"videos": []}
+    for i, (video, at, _) in enumerate(rows):
+        weights: dict = defaultdict(float)
+        for j, (_, _, spans) in enumerate(rows):
+            if j != i:
+                for span in spans:
+                    weights[span] += 1.0 / len(spans)
+        ranked = sorted(weights, key=lambda span: (-weights[span], span))[:candidates]
+        events = [{"start": at + o, "end": at + o + n - 1, "label": [landmark]} for o, n in ranked]
+        truth["videos"].append(video)
+        submission["videos"].append({"video_id": video["video_id"], "events": events})
+    _, aps = average_precisions(truth, submission)
+    holds = np.array([bool(spans) for _, _, spans in rows])
+    k = LABEL_INDEX[landmark]
+    mean = (aps[0.5][:, k] + aps[0.95][:, k]) / 2
+    return {"videos_with_crossing": len(rows), "holding": int(holds.sum()),
+            "ap_holding@0.5": round(float(aps[0.5][holds, k].mean()), 3),
+            "ap_holding@0.95": round(float(aps[0.95][holds, k].mean()), 3),
+            "gain_over_silence_emitted_everywhere": round(float(mean.sum() - (~holds).sum()), 2)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fixture", default=str(FIXTURE))
+    parser.add_argument("--candidates", type=int, default=30, help="spans emitted per video, heaviest first")
+    args = parser.parse_args(argv)
+    gt = json.loads(Path(args.fixture).read_text())
+    print(json.dumps({landmark: landmark_oracle(gt, landmark, args.candidates) for landmark in LANDMARKS}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
