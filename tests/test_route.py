@@ -119,3 +119,41 @@ def test_invalid_rows_are_left_out_of_the_evidence_and_the_bootstrap():
     choice = choose_routes(labels, frame, gapped, videos, rule)
     kept = choose_routes(labels[50:], frame[50:], temporal[50:], videos[50:], rule)
     assert choice.evidence == kept.evidence and choice.routes == kept.routes
+
+
+def _one_event(n_videos: int = 20, per_video: int = 100, events: int = 1):
+    """Hematin: positives in `events` runs of 10 frames (in the first `events` videos); the
+    temporal route ranks them first, the frame route ranks them at chance. (labels, frame,
+    temporal, videos)."""
+    rng = np.random.default_rng(2)
+    n = n_videos * per_video
+    videos = np.repeat([f"v{i:02d}" for i in range(n_videos)], per_video)
+    labels = np.zeros((n, NUM_LABELS), np.uint8)
+    k = LABEL_INDEX["hematin"]
+    for e in range(events):
+        labels[e * per_video + 40: e * per_video + 50, k] = 1
+    frame = np.full((n, NUM_LABELS), 0.5, np.float32)
+    frame[:, k] = rng.random(n)
+    temporal = frame.copy()
+    temporal[labels[:, k] == 1, k] = 0.999
+    return labels, frame, temporal, videos
+
+
+@pytest.mark.parametrize("events, moves", [(1, False), (4, False), (5, True), (8, True)])
+def test_a_gain_on_fewer_positive_blocks_than_the_minimum_is_no_evidence(events, moves):
+    labels, frame, temporal, videos = _one_event(events=events)
+    rule = RouteRule(min_gain=0.02, block_frames=100)
+    choice = choose_routes(labels, frame, temporal, videos, rule)
+    evidence = choice.evidence["hematin"]
+    assert evidence["positive_blocks"] == events
+    assert evidence["temporal_ap"] - evidence["frame_ap"] > 0.5  # a large observed gain either way
+    assert (choice.routes["hematin"] != "frame") == moves
+    # one event: the bootstrap alone, over the replicates that draw it, passes it
+    assert choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+                                                                    min_positive_blocks=1)).routes["hematin"] != "frame"
+    # a block stops at its video's end: blocks longer than a video still count one per video
+    assert choose_routes(labels, frame, temporal, videos,
+                         RouteRule(block_frames=200)).evidence["hematin"]["positive_blocks"] == events
+    # ... and two events in one block are one
+    assert choose_routes(labels, frame, temporal, np.zeros(len(labels)),
+                         RouteRule(block_frames=10_000)).evidence["hematin"]["positive_blocks"] == 1

@@ -375,7 +375,8 @@ def test_auto_writes_each_labels_route_and_is_never_worse_than_frame_on_the_evid
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     # The plain rule (any AP gain moves a label): the tiny fit's gains are too small for the default
     # margin, and this test is about what the stage writes for each route (tests/test_route.py: the rule).
-    params["post"].update(probs="auto", route_min_gain=0.0, route_replicates=0, route_regions_together=False)
+    params["post"].update(probs="auto", route_min_gain=0.0, route_replicates=0, route_regions_together=False,
+                          route_min_positive_blocks=1)
     (workspace / "params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace) == 0
     route = json.loads((workspace / "temporal_route.json").read_text())

@@ -102,6 +102,7 @@ class PostParams(Section):
     route_block_frames: Annotated[int, Field(ge=1)]
     route_replicates: Annotated[int, Field(ge=0)]
     route_regions_together: bool
+    route_min_positive_blocks: Annotated[int, Field(ge=1)]
 
 
 class ScoreParams(Section):

@@ -16,8 +16,14 @@ paired block bootstrap (blocks of `post.route_block_frames` consecutive validati
 video, so a finding's run moves as a whole; the gain's `1 - post.route_confidence` quantile over
 `post.route_replicates` replicates): choosing the highest AP outright moved labels on gains far
 inside the noise and scored below the frame route on held-out videos (docs/temporal.md, measured
-by `bench/route_seeds.py`). Labels without a validation positive stay on `frame`; of the routes that pass, the larger observed gain wins (ties in
-`ROUTES` order). The five regions share one route, chosen on their mean gain
+by `bench/route_seeds.py`). A bootstrap over blocks learns a gain's spread only from several
+independent runs of positives: a label whose validation positives lie in fewer than
+`post.route_min_positive_blocks` blocks (one event, or every positive in one or two short
+videos) gives no evidence and stays on `frame`, as does a label without a validation positive
+(with k positive blocks, a replicate draws none of them with probability about e^-k, and the
+quantile is taken over the replicates that draw one: with one or two, the lower bound is about
+the observed gain). Of the routes that pass, the larger observed gain wins (ties in `ROUTES`
+order). The five regions share one route, chosen on their mean gain
 (`post.route_regions_together`): the score engine decodes them as one monotone path from their
 joint probabilities, which must come from one model.
 
@@ -50,6 +56,7 @@ class RouteRule:
     replicates: int = 200
     seed: int = 0
     regions_together: bool = True
+    min_positive_blocks: int = 5
 
 
 @dataclass(frozen=True)
@@ -106,14 +113,19 @@ def average_precision(y_true: np.ndarray, scores: np.ndarray, weights: np.ndarra
     return ranked_average_precision(y, last_of_tie, weights[:, order])
 
 
-def bootstrap_blocks(videos: np.ndarray, rule: RouteRule) -> tuple[np.ndarray, np.ndarray]:
-    """Block bootstrap of the rows: (N,) each row's block, (replicates, blocks) each replicate's
-    count of each block. The rows of each video (contiguous in `videos`) are cut into blocks of
-    `rule.block_frames` consecutive rows; a replicate draws as many blocks with replacement."""
+def blocks_of(videos: np.ndarray, block_frames: int) -> np.ndarray:
+    """(N,) each row's block: the rows of each video (contiguous in `videos`) cut into blocks of
+    `block_frames` consecutive rows, numbered in row order."""
     starts = np.r_[True, videos[1:] != videos[:-1]]
     video_index = np.cumsum(starts) - 1
     offset = np.arange(len(videos)) - np.flatnonzero(starts)[video_index]  # row within its video
-    block = np.cumsum(offset % rule.block_frames == 0) - 1  # a block starts every block_frames rows of a video
+    return np.cumsum(offset % block_frames == 0) - 1  # a block starts every block_frames rows of a video
+
+
+def bootstrap_blocks(videos: np.ndarray, rule: RouteRule) -> tuple[np.ndarray, np.ndarray]:
+    """Block bootstrap of the rows: (N,) each row's block (`blocks_of`), (replicates, blocks)
+    each replicate's count of each block; a replicate draws as many blocks with replacement."""
+    block = blocks_of(videos, rule.block_frames)
     n_blocks = int(block[-1]) + 1
     counts = np.random.default_rng(rule.seed).multinomial(n_blocks, np.full(n_blocks, 1 / n_blocks),
                                                            size=rule.replicates)
@@ -149,7 +161,8 @@ def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: n
                   videos: np.ndarray | None = None, rule: RouteRule | None = None) -> RouteChoice:
     """Per label the route of `RouteRule` (default: its defaults): `frame` unless another route's
     AP gain on (N, 17) validation labels beats `rule.min_gain` at its bootstrap lower bound (for a
-    group of `route_units`, the mean gain over its labels with a validation positive). `videos`
+    group of `route_units`, the mean gain over its labels with validation positives in at least
+    `rule.min_positive_blocks` bootstrap blocks; a label with fewer gives no evidence). `videos`
     (N,) gives each row's video, rows of a video contiguous (None: one video)."""
     rule = rule or RouteRule()
     candidates = {"frame": frame_probs, "blend": blend(frame_probs, temporal_probs), "temporal": temporal_probs}
@@ -159,12 +172,14 @@ def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: n
               for route, probs in candidates.items()}
     videos = np.zeros(len(labels)) if videos is None else np.asarray(videos)
     blocks = bootstrap_blocks(videos[valid], rule) if valid.any() and rule.replicates else None
+    block = blocks_of(videos[valid], rule.block_frames) if valid.any() else np.zeros(0, np.int64)
     routes, evidence, gains, observed = {}, {}, {}, {}
     for k, label in enumerate(LABELS):
         aps = {route: scored[route][label]["ap"] for route in ROUTES}
-        evidence[label] = {"support": scored["frame"][label]["support"],
+        positive_blocks = len(np.unique(block[labels[valid, k] > 0]))
+        evidence[label] = {"support": scored["frame"][label]["support"], "positive_blocks": positive_blocks,
                            **{f"{route}_ap": None if ap is None else round(ap, 6) for route, ap in aps.items()}}
-        if any(ap is None for ap in aps.values()):
+        if any(ap is None for ap in aps.values()) or positive_blocks < rule.min_positive_blocks:
             continue
         observed[label] = {route: aps[route] - aps["frame"] for route in ROUTES[1:]}
         gains[label] = {route: np.array([observed[label][route]]) for route in ROUTES[1:]}

@@ -166,7 +166,7 @@ class Routed:
 def route_rule(post, seed: int) -> RouteRule:
     """The route rule of the `post` section (`PostParams`), its bootstrap seeded by `base.seed`."""
     return RouteRule(post.route_min_gain, post.route_confidence, post.route_block_frames, post.route_replicates, seed,
-                     post.route_regions_together)
+                     post.route_regions_together, post.route_min_positive_blocks)
 
 
 def route_fit(fitted: TemporalFit, predict_dir: Path, source: str, rule: RouteRule) -> Routed:
