@@ -18,6 +18,7 @@ from vce.post.arhmm import ar_decode_all, ar_posterior_runs, ar_run_strength, ar
 from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import (
     Candidates,
+    SpanLists,
     anchored_candidates,
     gc_paused,
     head_candidates,
@@ -41,6 +42,7 @@ from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
+from vce.post.runs import group_firsts
 
 
 @gc_paused
@@ -115,13 +117,31 @@ def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path
 
 
 def _cut_times(candidates) -> dict:
-    """Per video, the sorted times where one of the `candidates`' clinical events starts or ends + 1."""
-    cuts: dict = {}
+    """Per video (those with an event), the sorted distinct times (int64) where one of the
+    `candidates`' clinical events starts or ends + 1."""
+    videos, times = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for c in candidates:
-        for v, events in enumerate(c.clinical):
-            for s, e in events:
-                cuts.setdefault(v, set()).update((s, e + 1))
-    return {v: sorted(times) for v, times in cuts.items()}
+        video, starts, ends = _clinical_arrays(c.clinical)
+        videos += [video, video]
+        times += [starts, ends + 1]
+    video, time = np.concatenate(videos), np.concatenate(times)
+    order = np.lexsort((time, video))
+    video, time = video[order], time[order]
+    distinct = np.ones(len(time), bool)
+    distinct[1:] = (video[1:] != video[:-1]) | (time[1:] != time[:-1])
+    video, time = video[distinct], time[distinct]
+    firsts = group_firsts(video)
+    bounds = np.append(firsts, len(video))
+    return {int(video[a]): time[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
+def _clinical_arrays(clinical) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) int64 video, start and end of every event of per-video lists of (start, end)."""
+    if isinstance(clinical, SpanLists):
+        return tuple(np.asarray(a, np.int64) for a in clinical.arrays())
+    counts = [len(events) for events in clinical]
+    flat = np.array([span for events in clinical for span in events], np.int64).reshape(-1, 2)
+    return np.repeat(np.arange(len(counts)), counts), flat[:, 0], flat[:, 1]
 
 
 def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores: np.ndarray) -> dict:

@@ -83,6 +83,16 @@ class SpanLists(Sequence):
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N,) video, start and end of every span, in order."""
+        return np.repeat(np.arange(len(self)), np.diff(self._bounds)), self._starts, self._ends
+
+    def only(self, keep: np.ndarray) -> SpanLists:
+        """The spans of the videos where (V,) bool `keep` holds; none elsewhere (lists not built)."""
+        counts = np.diff(self._bounds) * keep
+        inside = np.repeat(keep, np.diff(self._bounds))
+        return SpanLists(np.concatenate([[0], np.cumsum(counts)]), self._starts[inside], self._ends[inside])
+
 
 def hysteresis_runs(timeline: Timeline, k: int, threshold: float, ratio: float, median_window: int) -> tuple:
     """Median-filtered runs of label k at the low threshold `ratio` x `threshold` that hold at
@@ -216,13 +226,17 @@ def _video_peaks(timeline: Timeline, k: int) -> np.ndarray:
 
 
 def _pieces(start: int, end: int, times, order: str = "longest") -> list:
-    """[start, end] cut at the sorted `times` inside it, longest (`order`: or shortest) first,
-    equal lengths in time order; [] when nothing cuts it."""
-    inner = [c for c in times if start < c <= end]
-    edges = [start, *inner, end + 1]
-    pieces = [(a, b - 1) for a, b in zip(edges[:-1], edges[1:]) if b - 1 >= a]
+    """[start, end] cut at the sorted, distinct `times` (a list or an array) inside it, longest
+    (`order`: or shortest) first, equal lengths in time order; [] when nothing cuts it."""
+    times = np.asarray(times, np.int64)
+    inner = times[np.searchsorted(times, start, side="right"):np.searchsorted(times, end, side="right")]
+    if len(inner) == 0:
+        return []
+    edges = np.concatenate([[start], inner, [end + 1]])
+    firsts, lasts = edges[:-1], edges[1:] - 1
     sign = 1 if order == "shortest" else -1
-    return sorted(pieces, key=lambda p: sign * (p[1] - p[0])) if len(pieces) > 1 else []
+    ranked = np.argsort(sign * (lasts - firsts), kind="stable")  # stable: equal lengths stay in time order
+    return list(zip(firsts[ranked].tolist(), lasts[ranked].tolist()))
 
 
 def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants: list, cuts: dict | None,
@@ -231,7 +245,7 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
     ((mode, a, b) in rank order, `learn_variants`), then its cut pieces, then (`shadow`) its
     pieces cut at those and at the shadow times too. The clinical event is the run itself.
 
-    `cuts`: per video, sorted event times where another label's event starts or ends + 1;
+    `cuts`: per video, the sorted distinct event times where another label's event starts or ends + 1;
     `shadow`: the same for runs of labels that are not emitted (`shadow_cuts`);
     `order`: the pieces of each, longest or shortest first (`cut_order`).
     """
@@ -253,7 +267,7 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
             ranked += [p for p in _pieces(start, end, cuts[v], order) if p not in seen]
         if shadow is not None and v in shadow:
             seen = set(ranked)
-            times = sorted(set(shadow[v]) | set((cuts or {}).get(v, [])))
+            times = np.union1d(np.asarray(shadow[v], np.int64), np.asarray((cuts or {}).get(v, []), np.int64))
             ranked += [p for p in _pieces(start, end, times, order) if p not in seen]
         events[v] = ranked
         clinical[v] = [(start, end)]

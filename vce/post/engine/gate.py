@@ -19,7 +19,7 @@ from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.eval.score import THRESHOLDS, average_precisions, group_average_precisions
 from vce.post.anatomy import clipped_logits
 from vce.post.engine.calibration import logistic
-from vce.post.engine.candidates import Candidates
+from vce.post.engine.candidates import Candidates, SpanLists
 from vce.post.engine.newton import newton_logistic
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.policies import RunsPolicy
@@ -222,5 +222,11 @@ def evidence_of(features: dict, name: str, presence_model: dict | None = None) -
 def gated(candidates: Candidates, gate: float | None) -> Candidates:
     """Only the videos whose evidence passes the gate (None: every video with evidence)."""
     keep = np.isfinite(candidates.evidence) & (True if gate is None else candidates.evidence >= gate)
-    return Candidates([e if k else [] for e, k in zip(candidates.events, keep)],
-                      [c if k else [] for c, k in zip(candidates.clinical, keep)], candidates.evidence)
+    return Candidates(_kept(candidates.events, keep), _kept(candidates.clinical, keep), candidates.evidence)
+
+
+def _kept(spans, keep: np.ndarray):
+    """Per video, its spans where `keep` holds, else []: `SpanLists` stay arrays (their lists unbuilt)."""
+    if isinstance(spans, SpanLists):
+        return spans.only(keep)
+    return [e if k else [] for e, k in zip(spans, keep)]
