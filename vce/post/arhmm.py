@@ -233,8 +233,8 @@ def chain_posterior(emission: np.ndarray, log_trans: np.ndarray, on: np.ndarray,
 
 
 def _normalised(m: np.ndarray) -> np.ndarray:
-    """Messages divided by their largest entry (last axis)."""
-    return m / last_axis_max(m)[..., None]
+    """Messages divided by their largest entry (last axis; one message: its max, the same value)."""
+    return m / m.max() if m.ndim == 1 else m / last_axis_max(m)[..., None]
 
 
 class _CompiledSteps:
@@ -359,7 +359,7 @@ def ar_posterior_runs(timeline, k: int, model: dict, bias: float, levels) -> tup
         decoded = set(zip(*(a.tolist() for a in ar_runs(timeline, k, model, bias))))
         found: dict = {}
         for level in levels:
-            for start, end in zip(*(a.tolist() for a in _observed_runs(posterior > level, timeline.observed))):
+            for start, end in zip(*(a.tolist() for a in _observed_runs(posterior > level, timeline))):
                 if (start, end) not in decoded:
                     found.setdefault((start, end), None)
         spans = np.array(list(found), np.int64).reshape(-1, 2)
@@ -376,7 +376,7 @@ def ar_decode_all(timeline, decodings) -> None:
         if key not in timeline.prob_cums:
             scores, log_trans, on, first, last = _chain(timeline, label_logits(timeline, k), model, bias)
             path = chain_path(scores, log_trans, on, first, last)
-            starts, ends = _observed_runs(path.astype(bool), timeline.observed)
+            starts, ends = _observed_runs(path.astype(bool), timeline)
             timeline.prob_cums[key] = starts, ends, _strength(scores, starts, ends)
 
 
@@ -400,16 +400,26 @@ def _chain(timeline, logits: np.ndarray, model: dict, bias: float) -> tuple:
     return innovation_scores(logits, timeline.observed, model), log_trans, on, first, last
 
 
-def _observed_runs(on: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _observed_runs(on: np.ndarray, timeline) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of the runs of (P,) bool `on`, trimmed to their first and last observed
-    position; runs of unobserved positions only are dropped."""
+    position of `timeline`; runs of unobserved positions only are dropped."""
     starts, ends = runs_of(on)
-    positions = np.arange(len(observed))
-    next_seen = np.minimum.accumulate(np.where(observed, positions, len(observed))[::-1])[::-1]
-    last_seen = np.maximum.accumulate(np.where(observed, positions, -1))
+    next_seen, last_seen = _seen_bounds(timeline)
     starts, ends = next_seen[starts], last_seen[ends]
     keep = starts <= ends
     return starts[keep], ends[keep]
+
+
+def _seen_bounds(timeline) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) the first observed position at or after each position (P if none) and the last one
+    at or before it (-1 if none), cached on `timeline` (every decoding trims its runs by them)."""
+    if "seen_bounds" not in timeline.prob_cums:
+        observed = timeline.observed
+        positions = np.arange(len(observed))
+        next_seen = np.minimum.accumulate(np.where(observed, positions, len(observed))[::-1])[::-1]
+        last_seen = np.maximum.accumulate(np.where(observed, positions, -1))
+        timeline.prob_cums["seen_bounds"] = next_seen, last_seen
+    return timeline.prob_cums["seen_bounds"]
 
 
 def _strength(scores: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -118,7 +118,7 @@ class Timeline:
     probs: np.ndarray  # (17, P) float32, NaN where not observed; label-major for column passes
     observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
     max_reach: int  # no window or gap fill longer than this may be used on this timeline
-    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("logits", k); ("peak", k), "region_logits", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
+    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("logits", k); ("peak", k), "region_logits", "seen_bounds", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
     region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
 
     def with_probs(self, probs: np.ndarray) -> Timeline:

@@ -225,11 +225,16 @@ def _video_peaks(timeline: Timeline, k: int) -> np.ndarray:
     return timeline.prob_cums[key]
 
 
+def _inside(times, start: int, end: int) -> np.ndarray:
+    """The sorted `times` (a list or an array) in (start, end], as int64."""
+    times = np.asarray(times, np.int64)
+    return times[np.searchsorted(times, start, side="right"):np.searchsorted(times, end, side="right")]
+
+
 def _pieces(start: int, end: int, times, order: str = "longest") -> list:
     """[start, end] cut at the sorted, distinct `times` (a list or an array) inside it, longest
     (`order`: or shortest) first, equal lengths in time order; [] when nothing cuts it."""
-    times = np.asarray(times, np.int64)
-    inner = times[np.searchsorted(times, start, side="right"):np.searchsorted(times, end, side="right")]
+    inner = _inside(times, start, end)
     if len(inner) == 0:
         return []
     edges = np.concatenate([[start], inner, [end + 1]])
@@ -267,7 +272,7 @@ def region_candidates(timeline: Timeline, path: np.ndarray, state: int, variants
             ranked += [p for p in _pieces(start, end, cuts[v], order) if p not in seen]
         if shadow is not None and v in shadow:
             seen = set(ranked)
-            times = np.union1d(np.asarray(shadow[v], np.int64), np.asarray((cuts or {}).get(v, []), np.int64))
+            times = np.union1d(_inside(shadow[v], start, end), _inside((cuts or {}).get(v, []), start, end))
             ranked += [p for p in _pieces(start, end, times, order) if p not in seen]
         events[v] = ranked
         clinical[v] = [(start, end)]
