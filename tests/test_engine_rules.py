@@ -157,3 +157,29 @@ def test_a_two_region_calibration_is_one_logistic_split_in_two():
     assert coef[2] == pytest.approx(-coef[3]) and np.abs(coef[3]).max() > 0.1
     assert intercept[2] == pytest.approx(-intercept[3])
     assert (coef[[0, 1, 4]] == 0).all() and intercept[[0, 1, 4]] == pytest.approx([np.log(EMISSION_FLOOR)] * 3)
+
+
+def test_cut_times_are_each_videos_distinct_event_edges_sorted_from_lists_and_span_arrays():
+    from vce.post.engine.apply import _cut_times
+    from vce.post.engine.candidates import Candidates, SpanLists
+
+    lists = Candidates([], [[(10, 19), (40, 49)], [], [(5, 5)]], np.zeros(3))
+    # Video 0: (20, 29) and (10, 19) again; video 2: nothing; video 1: (7, 8).
+    arrays = Candidates([], SpanLists(np.array([0, 2, 3, 3]), np.array([20, 10, 7]), np.array([29, 19, 8])), np.zeros(3))
+    cuts = _cut_times([lists, arrays])
+    assert sorted(cuts) == [0, 1, 2]
+    assert cuts[0].tolist() == [10, 20, 30, 40, 50] and cuts[1].tolist() == [7, 9] and cuts[2].tolist() == [5, 6]
+
+
+def test_gated_span_lists_keep_the_spans_of_the_passing_videos_only():
+    from vce.post.engine.candidates import Candidates, SpanLists
+    from vce.post.engine.gate import gated
+
+    spans = SpanLists(np.array([0, 2, 3, 5]), np.array([1, 5, 9, 20, 30]), np.array([2, 6, 9, 25, 31]))
+    assert spans.only(np.array([True, False, True])) == [[(1, 2), (5, 6)], [], [(20, 25), (30, 31)]]
+    video, starts, ends = spans.arrays()
+    assert video.tolist() == [0, 0, 1, 2, 2] and starts.tolist() == [1, 5, 9, 20, 30] and ends.tolist() == [2, 6, 9, 25, 31]
+    c = gated(Candidates(spans, spans, np.array([0.9, 0.1, -np.inf])), 0.5)
+    assert isinstance(c.events, SpanLists)
+    assert list(c.events) == [[(1, 2), (5, 6)], [], []] and list(c.clinical) == list(c.events)
+    assert list(gated(Candidates(spans, spans, np.array([0.9, 0.1, -np.inf])), None).events) == [[(1, 2), (5, 6)], [(9, 9)], []]
