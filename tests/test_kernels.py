@@ -1,5 +1,6 @@
 """The compiled kernels (vce/post/kernels.py) give the bits of the numpy code they replaced
-(tests/reference_kernels.py), on random cases of several shapes and on ties."""
+(tests/reference_kernels.py), on random cases of several shapes and on ties; the posterior to
+its last bits (numpy's own vector loops round differently on AVX-512 machines)."""
 
 from __future__ import annotations
 
@@ -53,12 +54,17 @@ def test_the_compiled_viterbi_breaks_ties_and_unreachable_phases_as_numpy_does()
         np.testing.assert_array_equal(got, want)
 
 
+POSTERIOR_ATOL = 1e-13  # posteriors in [0, 1]
+
+
 @pytest.mark.parametrize("n_on", [1, 2, 3])
 @pytest.mark.parametrize("n_off", [1, 2, 4])
 @pytest.mark.parametrize("block", [1, 7, 64, 512])
-def test_the_posterior_is_the_numpy_blocks_posterior_bit_for_bit(n_off, n_on, block):
+def test_the_posterior_is_the_numpy_blocks_posterior_to_its_last_bits(n_off, n_on, block):
     """The compiled steps wherever they run by default (two phases a state at least, two blocks at
-    least), the numpy steps elsewhere: both numpy's bits."""
+    least), the numpy steps elsewhere: both numpy's posterior, bit for bit on an AVX2 machine and
+    within a few ulps (<= 1.2e-15 seen) on an AVX-512 one, where numpy's vector loops round
+    otherwise; `POSTERIOR_ATOL` is far below any change to the recursion."""
     rng = np.random.default_rng(100 * n_off + 10 * n_on + block)
     on = np.arange(n_off + n_on) >= n_off
     for length in (1, 2, 9, 700, 5000):
@@ -70,10 +76,11 @@ def test_the_posterior_is_the_numpy_blocks_posterior_bit_for_bit(n_off, n_on, bl
             for spread in (1.0, 30.0):  # 30: pairs floored 300 nats below the best
                 emission = rng.normal(size=(4, length)) * spread
                 want = reference.chain_posterior(emission, log_trans, on, first, last, block=block)
-                np.testing.assert_array_equal(chain_posterior(emission, log_trans, on, first, last, block=block), want)
+                got = chain_posterior(emission, log_trans, on, first, last, block=block)
+                np.testing.assert_allclose(got, want, rtol=0, atol=POSTERIOR_ATOL)
                 if min(n_off, n_on) >= 2 and length > block:
-                    np.testing.assert_array_equal(
-                        chain_posterior(emission, log_trans, on, first, last, block=block, compiled=True), want)
+                    got = chain_posterior(emission, log_trans, on, first, last, block=block, compiled=True)
+                    np.testing.assert_allclose(got, want, rtol=0, atol=POSTERIOR_ATOL)
 
 
 @pytest.mark.parametrize("half", [1, 2, 3, 7, 40])
