@@ -10,12 +10,14 @@
    RARE-VISION test layout with their ground truth as `score.test_gt`, so nothing upstream
    (training, model selection, thresholds, event tuning) sees them.
 2. Runs the project's stages through their `main([...])`: index → split → prompts → train →
-   predict → temporal → thresholds → events → score.
+   predict → temporal (twice: the default `post.probs: auto` and the pure `temporal` route) →
+   thresholds → events → score.
 3. A colour baseline: per-frame HSV histogram + RGB moments, one logistic regression per label
    fitted on the training videos; its probabilities go through the same thresholds, events
    and scorer.
 4. Prints one JSON object: `blood` on the held-out videos — frame AP and ROC AUC of the frame
-   model, the frame model + temporal model, and the baseline; temporal AP at tIoU 0.5 / 0.95
+   model (`model`), the default auto route (`model+temporal`), the temporal route (`temporal`), and
+   the baseline; temporal AP at tIoU 0.5 / 0.95
    of the events built from each — plus the settings used.
 """
 
@@ -398,7 +400,7 @@ def run(work: Path, args) -> dict:
     w = {key: str(work / rel) for key, rel in {
         "frames": "index/frames.parquet", "test": "index/test.parquet", "split": "split/frames.parquet",
         "prompts": "models/prompt_embeddings.pt", "model": "models/model.pt", "predict": "predict",
-        "temporal": "temporal", "cache": "cache"}.items()}
+        "temporal": "temporal", "temporal_route": "temporal_route", "cache": "cache"}.items()}
     stage("index", p + ["--frames-out", w["frames"], "--test-out", w["test"],
                         "--report", str(work / "metrics/index_report.json")])
     stage("split", p + ["--index", w["frames"], "--out", w["split"], "--metrics", str(work / "metrics/split.json")])
@@ -418,6 +420,15 @@ def run(work: Path, args) -> dict:
         stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
                                "--metrics", str(work / "metrics/temporal.json"),
                                "--route", str(work / "metrics/route.json"), "--model-out", str(work / "temporal.pt")])
+        # The temporal route itself (post.probs: temporal, every label on the cross-fitted temporal
+        # model), scored beside the default auto route: what auto leaves on the table, or avoids.
+        only = dict(params, post={**params["post"], "probs": "temporal"})
+        only_path = work / "params_temporal_route.yaml"
+        only_path.write_text(yaml.safe_dump(only))
+        stage("temporal", ["--params", str(only_path), "--predict-dir", w["predict"], "--frames", w["split"],
+                           "--out-dir", w["temporal_route"], "--metrics", str(work / "metrics/temporal_route.json"),
+                           "--route", str(work / "metrics/route_temporal_route.json"),
+                           "--model-out", str(work / "temporal_route.pt")])
     frames, test = read_index(w["split"]), read_index(w["test"])
     if args.train_stills:  # the split trained on exactly the builder's training videos
         built_train = set(truth.loc[truth["role"] == "train", "video_id"])
@@ -427,7 +438,8 @@ def run(work: Path, args) -> dict:
     test_gt = read_json(work / "videos/test_ground_truth.json", "test ground truth")
     held = truth[truth["video_id"].isin(set(test["video_id"]))]
     result = {}
-    sources = [("model", w["predict"])] + [("model+temporal", w["temporal"])] * args.temporal
+    sources = [("model", w["predict"])] + [("model+temporal", w["temporal"]),
+                                           ("temporal", w["temporal_route"])] * args.temporal
     for name, probs_dir in sources + [("baseline", str(work / "baseline"))]:
         probs_dir = Path(probs_dir)
         result[name] = {"frame": frame_numbers(probs_dir / "test.parquet", held),

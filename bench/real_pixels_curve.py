@@ -11,9 +11,10 @@ a rerun with the same --work skips the runs already there.
 
 Prints one JSON object (also written to --out after every run, `complete` false until the last):
 per N and per source — the frame model (`frame`), the default `post.probs: auto` route (`auto`),
-the colour baseline (`baseline`) — held-out blood frame AUC / AP, blood temporal AP@0.5 / @0.95
+the temporal route itself (`temporal`: `post.probs: temporal`, every label on the cross-fitted
+temporal model), the colour baseline (`baseline`) — held-out blood frame AUC / AP, blood temporal AP@0.5 / @0.95
 and test mAP@0.5 / @0.95, each as the values per seed, their mean and sd (ddof 1); auto − frame
-per seed; blood's route per seed; the training frames and distinct stills of every run.
+and temporal − frame per seed; blood's route per seed; the training frames and distinct stills of every run.
 `--tiny` (1 epoch, 256 frames, 20 temporal steps) only checks that the chain runs; `--table
 JSON` prints a saved curve as the Markdown tables of docs/real_pixels.md.
 """
@@ -31,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ["loss.con_weight=0", "model.fusion=cls", "train.samples_per_epoch=2304"]
 TINY = ["train.epochs=1", "train.samples_per_epoch=256", "temporal.steps=20", "temporal.chunk_frames=64"]
-SOURCES = {"frame": "model", "auto": "model+temporal", "baseline": "baseline"}
+SOURCES = {"frame": "model", "auto": "model+temporal", "temporal": "temporal", "baseline": "baseline"}
 METRICS = ("auc", "ap", "temporal_ap@0.5", "temporal_ap@0.95", "test_map@0.5", "test_map@0.95")
 
 
@@ -69,7 +70,7 @@ def spread(values: list[float]) -> dict:
 
 
 def summary(runs: dict[tuple[int, int], dict], counts: list[int], seeds: list[int]) -> dict:
-    """Per N: per source and metric the seeds' values, mean and sd; auto − frame per seed."""
+    """Per N: per source and metric the seeds' values, mean and sd; auto − frame and temporal − frame per seed."""
     curve = {}
     for count in counts:
         done = [seed for seed in seeds if (count, seed) in runs]
@@ -79,9 +80,10 @@ def summary(runs: dict[tuple[int, int], dict], counts: list[int], seeds: list[in
         for source in SOURCES:
             per_seed = [numbers(runs[count, seed], source) for seed in done]
             point[source] = {key: spread([n[key] for n in per_seed]) for key in METRICS}
-        point["auto_minus_frame"] = {key: [round(numbers(runs[count, s], "auto")[key]
-                                                 - numbers(runs[count, s], "frame")[key], 4) for s in done]
-                                     for key in METRICS}
+        for route in ("auto", "temporal"):
+            point[f"{route}_minus_frame"] = {key: [round(numbers(runs[count, s], route)[key]
+                                                         - numbers(runs[count, s], "frame")[key], 4) for s in done]
+                                             for key in METRICS}
         point["blood_route"] = [runs[count, s].get("routes", {}).get("blood") for s in done]
         point["moved_labels"] = [runs[count, s].get("routes", {}).get("moved") for s in done]
         point["train_stills"] = [runs[count, s]["data"]["train_stills"] for s in done]
@@ -96,10 +98,10 @@ def markdown_tables(result: dict) -> str:
         return " / ".join(f"{point[source][k]['mean']:.3f} ± {point[source][k]['sd'] or 0:.3f}" for k in keys)
 
     frame_level = ["| distinct stills per class (N) | seeds | frame model AUC / AP | auto route AUC / AP "
-                   "| colour baseline AUC / AP |", "|---|---|---|---|---|"]
-    events = ["| N | blood tAP@0.5 / @0.95, frame model | same, auto route | same, baseline "
-              "| test mAP@0.5 / @0.95, frame route | same, auto route |",
-              "|---|---|---|---|---|---|"]
+                   "| temporal route AUC / AP | colour baseline AUC / AP |", "|---|---|---|---|---|---|"]
+    events = ["| N | blood tAP@0.5 / @0.95, frame model | same, auto route | same, temporal route | same, baseline "
+              "| test mAP@0.5 / @0.95, frame route | same, auto route | same, temporal route |",
+              "|---|---|---|---|---|---|---|---|"]
     for count, point in result["curve"].items():
         seeds = len(point["seeds"])
         frame_level.append(f"| {count} | {seeds} | " + " | ".join(cell(point, source, ("auc", "ap"))
@@ -107,7 +109,7 @@ def markdown_tables(result: dict) -> str:
         tap = ("temporal_ap@0.5", "temporal_ap@0.95")
         test_map = ("test_map@0.5", "test_map@0.95")
         events.append(f"| {count} | " + " | ".join(cell(point, source, tap) for source in SOURCES) + " | "
-                      + " | ".join(cell(point, source, test_map) for source in ("frame", "auto")) + " |")
+                      + " | ".join(cell(point, source, test_map) for source in ("frame", "auto", "temporal")) + " |")
     return "\n".join(frame_level) + "\n\n" + "\n".join(events) + "\n"
 
 

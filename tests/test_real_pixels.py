@@ -213,7 +213,8 @@ def test_curve_summary_gives_mean_sd_and_auto_minus_frame_per_seed():
     def fake_run(frame_auc: float, auto_auc: float) -> dict:
         events = {"temporal_ap@0.5": 0.3, "temporal_ap@0.95": 0.2, "test_map@0.5": 0.6, "test_map@0.95": 0.5}
         result = {name: {"frame": {"auc": auc, "ap": auc - 0.1}, **events}
-                  for name, auc in (("model", frame_auc), ("model+temporal", auto_auc), ("baseline", 0.9))}
+                  for name, auc in (("model", frame_auc), ("model+temporal", auto_auc), ("temporal", 0.7),
+                                    ("baseline", 0.9))}
         return {"results": result, "routes": {"blood": "frame", "moved": {}}, "train": {"best_epoch": 3},
                 "data": {"train_stills": {"blood": 20, "background": 20, "frames": 750, "mean_hold": 18.8}}}
 
@@ -222,5 +223,6 @@ def test_curve_summary_gives_mean_sd_and_auto_minus_frame_per_seed():
     assert list(curve) == ["20"]  # a count with no finished run is left out
     assert curve["20"]["frame"]["auc"] == {"values": [0.8, 1.0], "mean": 0.9, "sd": round(float(np.std([0.8, 1.0], ddof=1)), 4)}
     assert curve["20"]["auto_minus_frame"]["auc"] == [0.1, 0.0]
+    assert curve["20"]["temporal_minus_frame"]["auc"] == [-0.1, -0.3]
     table = markdown_tables({"curve": curve})
-    assert "| 20 | 2 | 0.900 ± 0.141 / 0.800 ± 0.141 | 0.950 ± 0.071 / 0.850 ± 0.071 | 0.900 ± 0.000" in table
+    assert "| 20 | 2 | 0.900 ± 0.141 / 0.800 ± 0.141 | 0.950 ± 0.071 / 0.850 ± 0.071 | 0.700 ± 0.000 / 0.600 ± 0.000 | 0.900 ± 0.000" in table
