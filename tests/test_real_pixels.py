@@ -226,3 +226,24 @@ def test_curve_summary_gives_mean_sd_and_auto_minus_frame_per_seed():
     assert curve["20"]["temporal_minus_frame"]["auc"] == [-0.1, -0.3]
     table = markdown_tables({"curve": curve})
     assert "| 20 | 2 | 0.900 ± 0.141 / 0.800 ± 0.141 | 0.950 ± 0.071 / 0.850 ± 0.071 | 0.700 ± 0.000 / 0.600 ± 0.000 | 0.900 ± 0.000" in table
+
+
+def test_a_tiny_curve_point_scores_frame_auto_the_temporal_route_and_the_baseline(tmp_path):
+    """The bench's whole chain on real stills (1 short epoch, ~25 s): each source is scored from
+    its own probabilities, and the temporal route is `post.probs: temporal` on every label."""
+    from bench.real_pixels_curve import main as curve_main
+
+    out = tmp_path / "curve.json"
+    assert curve_main(["--tiny", "--counts", "20", "--seeds", "1", "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    run = json.loads((tmp_path / "w/n20_s0.json").read_text())
+    assert list(run["results"]) == ["model", "model+temporal", "temporal", "baseline"]
+    routes = json.loads((tmp_path / "w/n20_s0/metrics/route_temporal_route.json").read_text())
+    assert routes["post_probs"] == "temporal" and routes["counts"]["temporal"] == 17
+    auto = json.loads((tmp_path / "w/n20_s0/metrics/route.json").read_text())
+    assert auto["post_probs"] == "auto" and run["routes"]["counts"] == auto["counts"]
+    if auto["counts"]["frame"] == 17:  # auto kept every label on frame: its numbers are the frame model's
+        assert run["results"]["model+temporal"] == run["results"]["model"]
+    assert run["results"]["temporal"]["frame"] != run["results"]["model"]["frame"]
+    curve = json.loads(out.read_text())["curve"]["20"]
+    assert curve["temporal_minus_frame"]["auc"] == [round(run["results"]["temporal"]["frame"]["auc"]
+                                                          - run["results"]["model"]["frame"]["auc"], 4)]
