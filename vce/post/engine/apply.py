@@ -42,7 +42,6 @@ from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
-from vce.post.runs import group_firsts
 
 
 @gc_paused
@@ -119,20 +118,14 @@ def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path
 def _cut_times(candidates) -> dict:
     """Per video (those with an event), the sorted distinct times (int64) where one of the
     `candidates`' clinical events starts or ends + 1."""
-    videos, times = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    keys = [np.zeros(0, np.int64)]  # (video << 32) | time (times < 2**32): one sort orders and dedupes the pairs
     for c in candidates:
         video, starts, ends = _clinical_arrays(c.clinical)
-        videos += [video, video]
-        times += [starts, ends + 1]
-    video, time = np.concatenate(videos), np.concatenate(times)
-    order = np.lexsort((time, video))
-    video, time = video[order], time[order]
-    distinct = np.ones(len(time), bool)
-    distinct[1:] = (video[1:] != video[:-1]) | (time[1:] != time[:-1])
-    video, time = video[distinct], time[distinct]
-    firsts = group_firsts(video)
-    bounds = np.append(firsts, len(video))
-    return {int(video[a]): time[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+        keys += [(video << 32) | starts, (video << 32) | (ends + 1)]
+    key = np.unique(np.concatenate(keys))
+    video, time = key >> 32, key & 0xFFFFFFFF
+    splits = np.flatnonzero(np.diff(video)) + 1
+    return {int(v[0]): t for v, t in zip(np.split(video, splits), np.split(time, splits)) if len(v)}
 
 
 def _clinical_arrays(clinical) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
