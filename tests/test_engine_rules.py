@@ -183,3 +183,13 @@ def test_gated_span_lists_keep_the_spans_of_the_passing_videos_only():
     assert isinstance(c.events, SpanLists)
     assert list(c.events) == [[(1, 2), (5, 6)], [], []] and list(c.clinical) == list(c.events)
     assert list(gated(Candidates(spans, spans, np.array([0.9, 0.1, -np.inf])), None).events) == [[(1, 2), (5, 6)], [(9, 9)], []]
+
+
+def test_many_cut_pieces_of_equal_length_stay_in_time_order():
+    """Ties among more pieces than numpy's insertion-sort cut-off (16): an unstable sort reorders them."""
+    lengths = np.random.default_rng(0).choice([2, 3], 40)
+    edges = np.cumsum(np.r_[0, lengths])
+    pieces = [(int(a), int(b) - 1) for a, b in zip(edges[:-1], edges[1:])]
+    want = sorted(pieces, key=lambda p: -(p[1] - p[0]))  # Python's sort is stable: time order within a length
+    assert _pieces(0, int(edges[-1]) - 1, edges[1:-1].tolist()) == want
+    assert _pieces(0, int(edges[-1]) - 1, edges[1:-1], "shortest") == sorted(pieces, key=lambda p: p[1] - p[0])
