@@ -10,7 +10,12 @@ per (video, label): AP on the videos that hold the landmark, silence credit lost
 do not. Printed: per landmark, the videos with a crossing and those that hold it, the mean AP
 over the holding ones at tIoU 0.5 and 0.95, and the summed gain over silence (mean of both
 thresholds) of emitting it everywhere: negative means no exact boundary can make the landmark
-pay without a gate that predicts where it is present.
+pay without a gate that predicts where it is present. Then the best such gate can do from the
+*true* anatomy (`loo_gate_gain`): per feature of a video's anatomy around the crossing (the
+crossing's position, the length of the region before and after it), a threshold and direction
+chosen on the other videos decide whether the held-out one emits; printed is the summed gain of
+those leave-one-out decisions (0: silence everywhere), an upper bound for a presence gate on the
+decoded anatomy.
 
 Run: python -m bench.landmark_oracle [--candidates 30]
 """
@@ -42,6 +47,24 @@ def true_crossing(events: list, region: int) -> int | None:
     return None
 
 
+def loo_gate_gain(gain: np.ndarray, feature: np.ndarray) -> float:
+    """Summed `gain` (V,) of the videos a leave-one-out gate admits: for each video, the threshold
+    t and direction d (feature >= t, or <= t) with the largest summed gain on the other videos
+    (silence, 0, when none is positive) decides whether that video emits."""
+    total = 0.0
+    for i in range(len(gain)):
+        rest = np.arange(len(gain)) != i
+        best, rule = 0.0, None
+        for d in (1.0, -1.0):
+            for t in np.unique(feature[rest]):
+                value = float(gain[rest][d * feature[rest] >= d * t].sum())
+                if value > best + 1e-12:
+                    best, rule = value, (d, t)
+        if rule is not None and rule[0] * feature[i] >= rule[0] * rule[1]:
+            total += float(gain[i])
+    return total
+
+
 def landmark_oracle(gt: dict, landmark: str, candidates: int) -> dict:
     region = REGIONS.index(LANDMARKS[landmark][1])
     rows = []  # (video, crossing, [(offset, length)])
@@ -65,10 +88,17 @@ def landmark_oracle(gt: dict, landmark: str, candidates: int) -> dict:
     holds = np.array([bool(spans) for _, _, spans in rows])
     k = LABEL_INDEX[landmark]
     mean = (aps[0.5][:, k] + aps[0.95][:, k]) / 2
+    gain = np.where(holds, mean, -1.0)  # per video: its AP where held, the silence credit lost where not
+    lengths = {name: np.array([sum(e["end"] - e["start"] + 1 for e in video["events"] if state in e["label"])
+                               for video, _, _ in rows], np.float64)
+               for name, state in (("region_before", REGIONS[region - 1]), ("region_after", REGIONS[region]))}
+    features = {"crossing": np.array([at for _, at, _ in rows], np.float64), **lengths}
     return {"videos_with_crossing": len(rows), "holding": int(holds.sum()),
             "ap_holding@0.5": round(float(aps[0.5][holds, k].mean()), 3),
             "ap_holding@0.95": round(float(aps[0.95][holds, k].mean()), 3),
-            "gain_over_silence_emitted_everywhere": round(float(mean.sum() - (~holds).sum()), 2)}
+            "gain_over_silence_emitted_everywhere": round(float(gain.sum()), 2),
+            "gain_if_emitted_only_where_held": round(float(gain[holds].sum()), 2),
+            "loo_gate_gain": {name: round(loo_gate_gain(gain, x), 2) for name, x in features.items()}}
 
 
 def main(argv=None) -> int:
