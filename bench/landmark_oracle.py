@@ -13,7 +13,7 @@ thresholds) of emitting it everywhere: negative means no exact boundary can make
 pay without a gate that predicts where it is present. Then the best such gate can do from the
 *true* anatomy (`loo_gate_gain`): per feature of a video's anatomy around the crossing (the
 crossing's position, the length of the region before and after it), a threshold and direction
-chosen on the other videos decide whether the held-out one emits; printed is the summed gain of
+chosen on the other videos by the engine's gate rule (`fit_gate`) decide whether the held-out one emits; printed is the summed gain of
 those leave-one-out decisions (0: silence everywhere), an upper bound for a presence gate on the
 decoded anatomy.
 
@@ -33,6 +33,7 @@ import numpy as np
 from bench.simulate import FIXTURE
 from vce.core.labels import LABEL_INDEX, LANDMARKS, REGIONS
 from vce.eval.score import average_precisions
+from vce.post.engine.gate import fit_gate
 
 
 def true_crossing(events: list, region: int) -> int | None:
@@ -48,19 +49,16 @@ def true_crossing(events: list, region: int) -> int | None:
 
 
 def loo_gate_gain(gain: np.ndarray, feature: np.ndarray) -> float:
-    """Summed `gain` (V,) of the videos a leave-one-out gate admits: for each video, the threshold
-    t and direction d (feature >= t, or <= t) with the largest summed gain on the other videos
-    (silence, 0, when none is positive) decides whether that video emits."""
+    """Summed `gain` (V,) of the videos a leave-one-out gate admits: for each video, the engine's
+    gate rule (`fit_gate`, silence worth 0) fitted on the other videos to `feature` and to minus it
+    (the larger summed gain wins, `feature` on a tie; none positive: silence) decides whether that
+    video emits."""
     total = 0.0
     for i in range(len(gain)):
         rest = np.arange(len(gain)) != i
-        best, rule = 0.0, None
-        for d in (1.0, -1.0):
-            for t in np.unique(feature[rest]):
-                value = float(gain[rest][d * feature[rest] >= d * t].sum())
-                if value > best + 1e-12:
-                    best, rule = value, (d, t)
-        if rule is not None and rule[0] * feature[i] >= rule[0] * rule[1]:
+        fits = [(fit_gate(d * feature[rest], gain[rest], np.zeros(len(gain) - 1)), d) for d in (1.0, -1.0)]
+        (gate, value), d = max(fits, key=lambda fit: fit[0][1])  # max keeps the first of equal values
+        if gate != float("inf") and (gate is None or d * feature[i] >= gate):
             total += float(gain[i])
     return total
 
