@@ -15,7 +15,9 @@ pay without a gate that predicts where it is present. Then the best such gate ca
 crossing's position, the length of the region before and after it), a threshold and direction
 chosen on the other videos by the engine's gate rule (`fit_gate`) decide whether the held-out one emits; printed is the summed gain of
 those leave-one-out decisions (0: silence everywhere), an upper bound for a presence gate on the
-decoded anatomy.
+decoded anatomy. The same three figures follow per tIoU threshold (`at_0.5`, `at_0.95`: the gate
+fitted to that threshold's gains alone), the bound for an acceptance read at each threshold: a
+landmark whose gate earns nothing at 0.95 even here cannot earn there from the decoded anatomy.
 
 Run: python -m bench.landmark_oracle [--candidates 30]
 """
@@ -85,8 +87,8 @@ def landmark_oracle(gt: dict, landmark: str, candidates: int) -> dict:
     _, aps = average_precisions(truth, submission)
     holds = np.array([bool(spans) for _, _, spans in rows])
     k = LABEL_INDEX[landmark]
-    mean = (aps[0.5][:, k] + aps[0.95][:, k]) / 2
-    gain = np.where(holds, mean, -1.0)  # per video: its AP where held, the silence credit lost where not
+    by_threshold = gains_over_silence(holds, {t: aps[t][:, k] for t in (0.5, 0.95)})
+    gain = by_threshold.pop("mean")
     lengths = {name: np.array([sum(e["end"] - e["start"] + 1 for e in video["events"] if state in e["label"])
                                for video, _, _ in rows], np.float64)
                for name, state in (("region_before", REGIONS[region - 1]), ("region_after", REGIONS[region]))}
@@ -96,7 +98,20 @@ def landmark_oracle(gt: dict, landmark: str, candidates: int) -> dict:
             "ap_holding@0.95": round(float(aps[0.95][holds, k].mean()), 3),
             "gain_over_silence_emitted_everywhere": round(float(gain.sum()), 2),
             "gain_if_emitted_only_where_held": round(float(gain[holds].sum()), 2),
-            "loo_gate_gain": {name: round(loo_gate_gain(gain, x), 2) for name, x in features.items()}}
+            "loo_gate_gain": {name: round(loo_gate_gain(gain, x), 2) for name, x in features.items()},
+            **{f"at_{t}": {"emitted_everywhere": round(float(g.sum()), 2),
+                           "only_where_held": round(float(g[holds].sum()), 2),
+                           "loo_gate_gain": {name: round(loo_gate_gain(g, x), 2) for name, x in features.items()}}
+               for t, g in by_threshold.items()}}
+
+
+def gains_over_silence(holds: np.ndarray, aps: dict) -> dict:
+    """Per tIoU threshold of `aps` (threshold -> (V,) AP) and for their mean ("mean"), each
+    video's gain over silence if it emits: its AP where it holds the landmark (`holds`, (V,)
+    bool), the silence credit lost (-1) where it does not."""
+    out = {t: np.where(holds, ap, -1.0) for t, ap in aps.items()}
+    out["mean"] = np.where(holds, np.mean([aps[t] for t in aps], axis=0), -1.0)
+    return out
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from bench.landmark_oracle import loo_gate_gain
+from bench.landmark_oracle import gains_over_silence, loo_gate_gain
 
 
 def test_a_feature_that_separates_held_from_not_held_videos_admits_exactly_the_held_ones_either_way_up():
@@ -19,3 +19,11 @@ def test_a_feature_without_information_stays_silent_and_a_held_out_video_is_judg
     # Alternating held (0, 2, 4) and not (1, 3): without video 1 or 3 the others' best gate admits
     # it (-1 each); without a held one it is left out. In sample the best gate earns 0.5, held out -2.
     assert loo_gate_gain(np.array([0.5, -1.0, 0.5, -1.0, 0.5]), np.arange(5.0)) == -2.0
+
+
+def test_each_threshold_gains_its_own_ap_where_held_and_loses_the_silence_credit_elsewhere():
+    holds = np.array([True, False, True])
+    gains = gains_over_silence(holds, {0.5: np.array([0.5, 0.0, 1.0]), 0.95: np.array([0.25, 0.0, 0.0])})
+    assert gains[0.5].tolist() == [0.5, -1.0, 1.0]
+    assert gains[0.95].tolist() == [0.25, -1.0, 0.0]  # 0.95 scored by its own APs, not 0.5's
+    assert gains["mean"].tolist() == [0.375, -1.0, 0.5]
