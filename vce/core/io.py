@@ -25,12 +25,25 @@ FILE_MODE = 0o666 & ~_UMASK  # what open() would give a new file; mkstemp's own 
 DIR_MODE = 0o777 & ~_UMASK  # what mkdir() would give a new folder; mkdtemp's own is 0700
 
 
+# In every folder `atomic_dir` writes: the mark that the folder is this tool's own output, which
+# the next run may replace whole. A folder without it is the user's, and is never replaced.
+OWN_MARK = ".vce-output"
+_OWN_MARK_TEXT = "written by vce (vce.core.io.atomic_dir): the next run replaces this folder whole\n"
+
 # The temporaries of the output set being written (`output_set`), or None outside one.
 _PENDING: ContextVar[list | None] = ContextVar("output_set", default=None)
 
 
+def _real(path: str | os.PathLike) -> Path:
+    """The output's real location: a symlinked output is written where the link points (the link
+    and its disk are kept); relative paths are made absolute once."""
+    path = Path(os.path.abspath(path))
+    return path.resolve() if path.is_symlink() else path
+
+
 def _temporary_beside(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    _recover(path.parent)
     pending = {tmp for tmp, _ in _PENDING.get() or []}
     for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a killed run
         if stale not in pending:
@@ -44,13 +57,31 @@ def _staging_beside(path: Path) -> Path:
     """A new hidden folder beside `path` (`atomic_dir`); staging and trash folders a killed run
     left there are removed first (not those of the output set being written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    _recover(path.parent)
     pending = {tmp for tmp, _ in _PENDING.get() or []}
     for stale in [*path.parent.glob(f".{path.name}.*.dir"), *path.parent.glob(f".{path.name}.*.trash")]:
         if stale not in pending:
             _discard(stale)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".dir", dir=path.parent))
     os.chmod(staging, DIR_MODE)
+    (staging / OWN_MARK).write_text(_OWN_MARK_TEXT)
     return staging
+
+
+def check_folder_output(path: str | os.PathLike) -> Path:
+    """The folder `atomic_dir` may replace whole at `path` (a symlink's target), or one line
+    refusing it: never the working folder or one holding it, never a file, never a non-empty
+    folder this tool did not write (no `OWN_MARK` in it)."""
+    real = _real(path)
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise DataError(f"{path}: is the working folder or holds it; a folder output is replaced whole: name a new folder")
+    if real.is_file():
+        raise DataError(f"{path}: is a file; a folder output would replace it: name a new folder")
+    if real.is_dir() and not (real / OWN_MARK).is_file() and any(real.iterdir()):
+        raise DataError(f"{path}: exists and was not written by this tool (no {OWN_MARK} in it); "
+                        "it would be replaced whole: name a new or empty folder, or remove it")
+    return real
 
 
 def _discard(tmp: Path) -> None:
@@ -102,31 +133,177 @@ def _complete(tmp: Path, path: Path) -> None:
             os.close(fd)
 
 
-def _publish(tmp: Path, path: Path) -> None:
-    if tmp.is_dir():
-        _swap_in(tmp, path)
+# Publishing a set (`_publish_all`) is all or nothing, against a failed rename and a kill:
+#   1. a journal listing every (temporary, output) pair is written beside each output's folder;
+#      the copy in the first folder, renamed into place last, is the commit point;
+#   2. each old output is kept aside (a file: a hard link `.<name>.<token>.old`; a folder: renamed
+#      to `.<name>.<token>.trash`), then the temporary is renamed over it;
+#   3. a failed rename puts back every old output already replaced and removes the temporaries;
+#   4. the kept old outputs and the journal copies are removed.
+# A run killed after 1 is rolled forward by the next write into any of those folders (`_recover`:
+# the temporaries still there are renamed in); killed before, its temporaries are stale.
+_JOURNAL_GLOB = ".vce-publish.*.journal"
+
+
+def _journal_path(folder: Path, token: str) -> Path:
+    return folder / f".vce-publish.{token}.journal"
+
+
+def _aside(path: Path, token: str, folder: bool) -> Path:
+    return path.with_name(f".{path.name}.{token}.{'trash' if folder else 'old'}")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_journal(pairs: list[tuple[Path, Path]], token: str) -> list[Path]:
+    """Step 1: the journal copies, the first one (the commit point) written last."""
+    folders = list(dict.fromkeys(path.parent for _, path in pairs))
+    copies = [_journal_path(folder, token) for folder in folders]
+    text = json.dumps({"pairs": [[str(tmp), str(path)] for tmp, path in pairs],
+                       "copies": [str(c) for c in copies], "pid": os.getpid()})
+    for copy in copies[1:]:
+        copy.write_text(text)
+        _fsync_file(copy)
+    part = copies[0].with_name(copies[0].name + ".part")
+    part.write_text(text)
+    _fsync_file(part)
+    os.rename(part, copies[0])
+    _fsync_file(folders[0])
+    return copies
+
+
+def _put(tmp: Path, path: Path, token: str) -> None:
+    """Step 2 for one pair: the old output aside, the temporary in its place."""
+    if tmp.is_dir():  # two renames: POSIX cannot rename a folder over a non-empty one
+        aside = None
+        if path.exists() or path.is_symlink():
+            aside = _aside(path, token, folder=True)
+            os.rename(path, aside)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            if aside is not None:
+                os.rename(aside, path)
+            raise
         return
-    if tmp.is_file():  # a writer may have replaced the file: set the mode on what is there
-        os.chmod(tmp, FILE_MODE)
+    if path.is_file():
+        _aside(path, token, folder=False).unlink(missing_ok=True)  # a killed run's, of this set
+        try:
+            os.link(path, _aside(path, token, folder=False))
+        except OSError:  # a file system without hard links: a copy
+            shutil.copy2(path, _aside(path, token, folder=False))
+    os.chmod(tmp, FILE_MODE)  # a writer may have replaced the file: set the mode on what is there
     os.replace(tmp, path)
 
 
-def _swap_in(staging: Path, path: Path) -> None:
-    """Put the folder `staging` at `path`: the old one is renamed to a hidden trash name first
-    (two renames: POSIX cannot rename a folder over a non-empty one), then removed. A failure
-    between the renames puts the old folder back."""
-    trash = None
-    if path.exists() or path.is_symlink():
-        trash = path.with_name(f".{path.name}.{secrets.token_hex(4)}.trash")
-        os.rename(path, trash)
+def _put_back(tmp: Path, path: Path, token: str) -> None:
+    """Step 3 for one pair already put: the old output back (or none, as before)."""
+    old = _aside(path, token, folder=tmp.suffix == ".dir")
+    if old.is_dir() and not old.is_symlink():
+        os.rename(path, tmp)
+        os.rename(old, path)
+    elif old.exists():
+        os.replace(old, path)
+    else:
+        _discard(path)
+
+
+def _finish(pairs: list[tuple[Path, Path]], token: str, copies: list[Path]) -> None:
+    """Step 4: the kept old outputs and the journal copies removed."""
+    for tmp, path in pairs:
+        _discard(_aside(path, token, folder=tmp.suffix == ".dir"))
+    for copy in copies:
+        copy.unlink(missing_ok=True)
+
+
+def _publish_all(pairs: list[tuple[Path, Path]]) -> None:
+    """Rename a finished set into place, all or nothing (the steps above). One file is one
+    atomic rename and needs no journal."""
+    latest = {path: tmp for tmp, path in pairs}  # an output written twice in the set: the last one
+    for tmp, path in pairs:
+        if latest[path] != tmp:
+            _discard(tmp)
+    pairs = [(tmp, path) for path, tmp in latest.items()]
+    if not pairs:
+        return
+    if len(pairs) == 1 and not pairs[0][0].is_dir():
+        tmp, path = pairs[0]
+        try:
+            os.chmod(tmp, FILE_MODE)
+            os.replace(tmp, path)
+        except BaseException:
+            _discard(tmp)
+            raise
+        return
+    token = secrets.token_hex(4)
     try:
-        os.rename(staging, path)
+        for tmp, path in pairs:  # a folder the user put there since the set began is still not replaced
+            if tmp.is_dir():
+                check_folder_output(path)
+        copies = _write_journal(pairs, token)
     except BaseException:
-        if trash is not None:
-            os.rename(trash, path)
+        for tmp, _ in pairs:
+            _discard(tmp)
+        for folder in dict.fromkeys(path.parent for _, path in pairs):
+            for copy in folder.glob(f".vce-publish.{token}.journal*"):
+                copy.unlink(missing_ok=True)
         raise
-    if trash is not None:
-        _discard(trash)
+    done: list[tuple[Path, Path]] = []
+    try:
+        for tmp, path in pairs:
+            _put(tmp, path, token)
+            done.append((tmp, path))
+    except BaseException:
+        for tmp, path in reversed(done):
+            _put_back(tmp, path, token)
+        for tmp, path in pairs:
+            _discard(tmp)
+            _discard(_aside(path, token, folder=tmp.suffix == ".dir"))
+        _journal_path(pairs[0][1].parent, token).unlink(missing_ok=True)  # uncommitted first
+        _finish(pairs, token, copies)
+        raise
+    _finish(pairs, token, copies)
+
+
+def _recover(folder: Path) -> None:
+    """Finish what a killed run's publish left in `folder`: a set whose commit point (the first
+    journal copy) exists is rolled forward; one killed before it is dropped (its temporaries
+    removed). A set whose writer is still running is left alone."""
+    for copy in list(folder.glob(_JOURNAL_GLOB + "*")):
+        try:
+            journal = json.loads(copy.read_text())
+            pairs = [(Path(tmp), Path(path)) for tmp, path in journal["pairs"]]
+            copies, writer = [Path(c) for c in journal["copies"]], int(journal["pid"])
+        except (OSError, ValueError, KeyError, TypeError):  # a copy cut short by the kill
+            copy.unlink(missing_ok=True)
+            continue
+        if writer != os.getpid() and _alive(writer):
+            continue
+        token = copies[0].name.split(".")[2]
+        if copies[0].exists():  # committed: every temporary still there goes in
+            for tmp, path in pairs:
+                if tmp.exists():
+                    _put(tmp, path, token)
+        else:
+            for tmp, _ in pairs:
+                _discard(tmp)
+        _finish(pairs, token, [*copies, copies[0].with_name(copies[0].name + ".part")])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _named(err: OSError, temps: list[Path], paths: list[Path]) -> OSError:
@@ -159,7 +336,8 @@ def atomic_paths(*paths: str | os.PathLike):
     """`atomic_path` for a set of outputs written together: yields their temporary paths and
     renames them only after every one was written, so a failure while writing (disk full,
     kill) leaves the whole old set, never new files beside old ones."""
-    paths = [Path(p) for p in paths]
+    shown = [Path(p) for p in paths]
+    paths = [_real(p) for p in paths]
     temps: list[Path] = []
     try:
         temps = [_temporary_beside(p) for p in paths]
@@ -170,14 +348,13 @@ def atomic_paths(*paths: str | os.PathLike):
         for tmp in temps:
             tmp.unlink(missing_ok=True)
         if isinstance(err, OSError):
-            raise _named(err, temps, paths) from None
+            raise _named(err, temps, shown) from None
         raise
     pending = _PENDING.get()
     if pending is not None:  # the enclosing output set renames them with the rest
         pending.extend(zip(temps, paths))
         return
-    for tmp, path in zip(temps, paths):
-        _publish(tmp, path)
+    _publish_all(list(zip(temps, paths)))
 
 
 @contextmanager
@@ -190,7 +367,8 @@ def atomic_dir(path: str | os.PathLike):
     left is removed by the next). The folder gets the mode mkdir() would give it. Inside an
     `output_set` the swap waits for the whole set.
     """
-    path = Path(path)
+    shown = path
+    path = check_folder_output(path)
     staging = None
     try:
         staging = _staging_beside(path)
@@ -200,13 +378,13 @@ def atomic_dir(path: str | os.PathLike):
         if staging is not None:
             _discard(staging)
         if isinstance(err, OSError):
-            raise _named(err, [staging], [path]) from None
+            raise _named(err, [staging], [Path(shown)]) from None
         raise
     pending = _PENDING.get()
     if pending is not None:  # the enclosing output set swaps it in with the rest
         pending.append((staging, path))
         return
-    _publish(staging, path)
+    _publish_all([(staging, path)])
 
 
 @contextmanager
@@ -228,8 +406,7 @@ def output_set():
         raise
     finally:
         _PENDING.reset(token)
-    for tmp, path in pending:
-        _publish(tmp, path)
+    _publish_all(pending)
 
 
 @contextmanager
