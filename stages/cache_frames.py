@@ -15,7 +15,7 @@ from vce.core.params import from_dict, load_params
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index with split column")
     parser.add_argument("--test", default="data/index/test.parquet", help="test frame index")

@@ -29,7 +29,7 @@ from vce.core.params import from_dict, load_params
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--predict-dir", default="data/predict", help="fold_<k>/ out-of-fold predictions")
     parser.add_argument("--test-dir", default="data/predict_test", help="fold_<k>/ test-set predictions")

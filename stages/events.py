@@ -15,23 +15,16 @@ model's (`data/temporal`); `events.anatomy: viterbi` decodes regions as one mono
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.errors import DataError
 from vce.core.io import write_json
-from vce.core.labels import check_labels
 from vce.core.params import PostParams, from_dict, load_params
-
-if TYPE_CHECKING:  # the heavy imports (numpy, pandas) happen in the functions: `--help` stays fast
-    from vce.post.engine import Engine
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--thresholds", default="models/thresholds.json", help="thresholds and tuned post-processing (thresholds stage)")
     parser.add_argument("--val-probs", default=None, help="default: val.parquet of the directory post.probs picks")
@@ -46,36 +39,6 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def load_thresholds(path: str) -> tuple[dict, dict | None]:
-    from vce.post.thresholds import check_engine_thresholds
-
-    try:
-        saved = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"thresholds file not found: {path} (run the thresholds stage)") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise DataError(f"{path}: JSON nested too deeply") from None
-    thresholds = saved.get("thresholds") if isinstance(saved, dict) else None
-    if not isinstance(thresholds, dict):
-        raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")
-    check_labels(thresholds, path)
-    check_engine_thresholds(saved, path)
-    for label, value in thresholds.items():
-        # Above 1 means "never fires" (labels without validation positives); NaN fails `>=`.
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
-            raise DataError(f"{path}: threshold of '{label}' is {value!r}, must be a number >= 0")
-    return thresholds, saved.get("events")
-
-
-def load_engine(path: str) -> Engine | None:
-    """The fitted score engine of thresholds.json (`thresholds.method: engine`), else None."""
-    from vce.post.engine import Engine
-    saved = json.loads(Path(path).read_text()).get("engine")
-    return Engine.from_dict(saved, f"{path}:engine") if saved else None
-
-
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -84,14 +47,15 @@ def main(argv=None) -> int:
     from vce.eval.score import check_submission
     from vce.post.engine import engine_submission
     from vce.post.events import EventParams, probs_to_submission, write_xlsx
+    from vce.post.thresholds_file import read_thresholds
     from vce.post.timeline import join_probs
     params = load_params(args.params)
     event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs
-    thresholds, tuned = load_thresholds(args.thresholds)
-    engine = load_engine(args.thresholds)
-    if tuned:
-        event_params = from_dict(EventParams, tuned, f"{args.thresholds}:events")
+    saved = read_thresholds(args.thresholds)  # read and checked once, before any output
+    thresholds, engine = saved.thresholds, saved.engine
+    if saved.events:
+        event_params = from_dict(EventParams, saved.events, f"{args.thresholds}:events")
     val_probs = args.val_probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
     test_probs = args.test_probs or str(probs_file(source, "test", args.predict_dir, args.temporal_dir))
     out = Path(args.out_dir)

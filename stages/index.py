@@ -21,7 +21,7 @@ from vce.core.params import load_section
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames-out", default="data/index/frames.parquet", help="labelled frame index written")
     parser.add_argument("--test-out", default="data/index/test.parquet", help="test frame index written")

@@ -94,7 +94,7 @@ def validate_params(path: str | Path = "params.yaml") -> dict:
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--out", default="metrics/params_check.json", help="what was checked (constant content)")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the heavy imports (torch, pandas) happen in the functions: 
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--part", choices=("labelled", "test", "all"), default="all",
                         help="labelled: the fold's held-out (and, with one split, training) videos; "

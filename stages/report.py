@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from vce.core import runner
 from vce.core.errors import DataError
-from vce.core.io import read_json
+from vce.core.io import check_folder_output, read_json
 from vce.core.labels import LABELS
 from vce.core.params import PostParams, from_dict, load_params
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the heavy imports (numpy, pandas) happen in the functions: 
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
                         help="validation probabilities (None: the ones post.probs selects)")
@@ -60,8 +60,11 @@ def parse_args(argv):
                         help="the validation clinical list (events stage)")
     parser.add_argument("--test-clinical-events", default="data/events/clinical_submission.json",
                         help="the test clinical list (events stage)")
-    parser.add_argument("--viewer-dir", default="plots/viewer", help="the offline HTML viewer written here")
-    return parser.parse_args(argv)
+    parser.add_argument("--viewer-dir", default=None, help="the offline HTML viewer written here (None: <--plots-dir>/viewer)")
+    args = parser.parse_args(argv)
+    if args.viewer_dir is None:  # beside the plots it belongs to, wherever --plots-dir puts them
+        args.viewer_dir = str(Path(args.plots_dir) / "viewer")
+    return args
 
 
 @runner.stage
@@ -75,6 +78,7 @@ def main(argv=None) -> int:
     from vce.post.thresholds import ThresholdParams
     from vce.post.timeline import join_probs
     from vce.viewer.build import write_viewer
+    check_folder_output(args.viewer_dir)  # a folder the tool did not write is refused before the work, not after
     all_params = load_params(args.params)
     params = from_dict(ReportParams, all_params["report"], "report")
     source = from_dict(PostParams, all_params["post"], "post").probs

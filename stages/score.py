@@ -28,7 +28,7 @@ from vce.core.params import ScoreParams, load_section
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--events", default="data/events/val.json", help="predicted validation events")
     parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels and split")
     parser.add_argument("--params", default="params.yaml", help="params file (section score)")

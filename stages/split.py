@@ -24,7 +24,7 @@ from vce.core.params import load_section
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--index", default="data/index/frames.parquet", help="labelled frame index (index stage)")
     parser.add_argument("--out", default="data/split/frames.parquet", help="frame index with split column written")

@@ -28,7 +28,7 @@ from vce.core.params import BaseParams, PostParams, from_dict, load_params
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--predict-dir", default="data/ensemble", help="probabilities and <split>_embeddings.parquet")
     parser.add_argument("--frames", default="data/ensemble/frames.parquet", help="frame index with labels and split")

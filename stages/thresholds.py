@@ -21,7 +21,7 @@ from vce.core.params import BaseParams, PostParams, from_dict, load_params
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--probs", default=None,
                         help="validation probabilities (None: val.parquet of --predict-dir or --temporal-dir, as post.probs says)")
@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     from vce.eval.frame_metrics import frame_metrics
     from vce.post.engine import fit_engine, presence_rates, tuning_timeline
     from vce.post.events import EventParams, labels_to_submission
-    from vce.post.thresholds import ThresholdParams, f1_thresholds, thresholds_checksum, tune_on_map
+    from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+    from vce.post.thresholds_file import write_thresholds
     from vce.post.timeline import join_probs, labels_on_time
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
@@ -73,10 +74,7 @@ def main(argv=None) -> int:
         fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
         engine, report = fitted.to_dict(), fitted.report
     per_class = frame_metrics(y_true, y_prob)
-    # Under the engine the thresholds are a report: their checksum refuses a hand edit (check_engine_thresholds).
-    checksum = {"thresholds_sha256": thresholds_checksum(thresholds)} if engine else {}
-    write_json(args.out, {"method": threshold_params.method, "probs": source, "thresholds": thresholds, "events": tuned_events,
-                          "engine": engine, **checksum})
+    write_thresholds(args.out, threshold_params.method, source, thresholds, tuned_events, engine)
     write_json(args.metrics, {
         "method": threshold_params.method,
         "probs": source,

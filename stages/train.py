@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the heavy imports (torch, pandas) happen in main: `--help` 
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with split column")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")

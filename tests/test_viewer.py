@@ -274,6 +274,8 @@ def test_silence_reasons_name_the_rule_and_its_numbers():
 
 
 def test_a_rerun_replaces_the_folder(case, tmp_path):
+    from vce.core.io import OWN_MARK
+
     folder, _, params = case
     stale = copy.deepcopy(EXAM)
     rng = np.random.default_rng(2)
@@ -281,6 +283,7 @@ def test_a_rerun_replaces_the_folder(case, tmp_path):
     out = tmp_path / "viewer"
     out.mkdir()
     (out / "old_page.html").write_text("stale")
+    (out / OWN_MARK).write_text("a previous run's viewer")  # a user's own folder is refused (test_io)
     write_viewer(out, [ViewerSet("exam", stale, stale, probs, files, {}, None)], SAVED, params, 1, 0.158, None)
     assert not (out / "old_page.html").exists()
     check_viewer(out, {"exam": (stale, stale)})

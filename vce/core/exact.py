@@ -33,7 +33,6 @@ from pathlib import Path
 
 import yaml
 
-HEAVY = {"numpy", "torch", "scipy", "pandas", "pyarrow", "sklearn"}
 MARKER = "VCE_EXACT_CPU"  # set in the re-executed process: never re-execute twice
 
 # numpy 2.x groups (X86_V3 …) and the older single-feature names: unknown names are ignored.
@@ -81,21 +80,26 @@ def params_argument(argv: list[str]) -> str:
     return "params.yaml"
 
 
+def pinned(environ: dict[str, str]) -> bool:
+    """Whether `environ` already pins every library as `exact_env` does (the re-executed process).
+    The settings themselves are checked, not only the marker: a marker leaked into a user's
+    shell (`export VCE_EXACT_CPU=1`) must not turn the pinning off."""
+    return environ.get(MARKER) == "1" and all(environ.get(key) == value for key, value in SETTINGS.items())
+
+
 def reexec_if_wanted(argv: list[str] | None = None) -> None:
     """Re-execute this command under `exact_env` when its params ask for it (never returns then).
 
-    A no-op when already re-executed and for `--help`. The libraries read these settings once,
-    when they load, so a stage module must not import them at its top: if one is already loaded
-    here, that is a bug in the stage and an error rather than a silently inexact run."""
+    A no-op when already pinned and for `--help`. The libraries read these settings once, when
+    they load; a fresh interpreter loads them again under the pins, so one already imported here
+    (a start-up hook importing numpy, a module importing it at its top) costs only its import
+    time, never exactness. Stages still import them inside `main` (`--help` stays fast:
+    tests/test_stages_cli.py)."""
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get(MARKER) == "1" or {"-h", "--help"} & set(argv):
+    if pinned(dict(os.environ)) or {"-h", "--help"} & set(argv):
         return
     if not wanted(params_argument(argv)):
         return
-    loaded = sorted(HEAVY & set(sys.modules))
-    if loaded:
-        raise RuntimeError(f"{loaded} imported before base.exact_cpu could apply: import them inside the stage's main")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], exact_env(dict(os.environ)))
-

@@ -95,7 +95,7 @@ def apply(text: str, overrides: dict[str, object]) -> str:
 
 @runner.stage
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0])
     parser.add_argument("name", help="recipe: recipes/<name>.yaml")
     parser.add_argument("--params", default="params.yaml", help="the params file the keys must exist in")
     parser.add_argument("--apply", metavar="PATH", help="write the values into this params file instead of printing flags")

@@ -86,6 +86,12 @@ def pipe_safe_stdout():
         sys.stdout = stream
 
 
+def module_prog(spec) -> str | None:
+    """argparse's `prog` for a module run as `python -m <module>`: the command a user types in
+    `usage:` (argparse's own default is the file name, `events.py`)."""
+    return f"python -m {spec.name}" if spec is not None else None
+
+
 def stage(main: Callable[..., int | None]) -> Callable[..., int]:
     """Wrap a stage's `main(argv=None)` in `run`: it returns 0, or 2 after a one-line error."""
 

@@ -24,42 +24,19 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from vce.core import runner
-from vce.core.contracts import read_index, temporal_probs
-from vce.core.errors import DataError
-from vce.core.io import outside_output_set, write_json
-from vce.core.labels import LABELS, check_labels
-from vce.core.params import from_dict, load_params
-from vce.data.frame_files import IndexReport
-from vce.data.index import DataParams, index_test_video
-from vce.eval.report import ReportParams
-from vce.infer.ensemble import fuse, fuse_embeddings
-from vce.infer.predict import PredictParams, predict_frames
-from vce.infer.route import fixed_routes, mix
-from vce.infer.temporal import (
-    align,
-    build_sequences,
-    load_routes,
-    load_temporal,
-    probs_frame,
-    read_embeddings,
-    refine,
-)
-from vce.model import checkpoint
-from vce.model.device import resolve_device
-from vce.post.engine import Engine, engine_submission
-from vce.post.events import EventParams, probs_to_submission
-from vce.post.thresholds import ThresholdParams, check_engine_thresholds
-from vce.post.timeline import event_time, join_probs
-from vce.viewer.build import ViewerSet, write_viewer
+
+if TYPE_CHECKING:  # the heavy imports (numpy, pandas, torch) happen in the functions: `--help` answers
+    import numpy as np  # at once, and `base.exact_cpu` re-executes the command before any of them loads
+    import pandas as pd
+
+    from vce.data.index import DataParams
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0])
     parser.add_argument("exam", help="folder of one video's frames (frame_<n>.png)")
     parser.add_argument("--out", required=True, help="events JSON to write (the official submission format)")
     parser.add_argument("--models", nargs="+", default=None, help="default: models/folds/*/model.pt")
@@ -73,6 +50,10 @@ def parse_args(argv):
 
 
 def exam_frames(folder: Path, data: DataParams) -> pd.DataFrame:
+    from vce.core.errors import DataError
+    from vce.data.frame_files import IndexReport
+    from vce.data.index import index_test_video
+
     if not folder.is_dir():
         raise DataError(f"exam folder not found: {folder}")
     report = IndexReport(data.report_examples)
@@ -84,6 +65,10 @@ def exam_frames(folder: Path, data: DataParams) -> pd.DataFrame:
 
 def fusion_weights(path: Path, n_models: int) -> np.ndarray:
     """(F, 17): the ensemble stage's weights when they are for `n_models` folds, else the mean."""
+    import numpy as np
+
+    from vce.core.labels import LABELS
+
     if path.is_file():
         saved = json.loads(path.read_text()).get("weights", {})
         if saved and all(len(saved.get(label, [])) == n_models for label in LABELS):
@@ -95,6 +80,11 @@ def temporal_route(source: str, temporal_path: Path, thresholds_path: Path):
     """(temporal model or None, per-label routes) for the probabilities the thresholds were tuned on:
     `frame` none; `temporal` every label; `auto` the routes the temporal stage chose (its model only
     when a label uses it)."""
+    from vce.core.contracts import temporal_probs
+    from vce.core.errors import DataError
+    from vce.infer.route import fixed_routes
+    from vce.infer.temporal import load_routes, load_temporal
+
     if not temporal_probs(source):
         return None, fixed_routes("frame")
     routes = fixed_routes("temporal") if source == "temporal" else load_routes(temporal_path)
@@ -109,30 +99,38 @@ def temporal_route(source: str, temporal_path: Path, thresholds_path: Path):
     return temporal, routes
 
 
-def load_tuned(path: Path) -> tuple[dict, dict | None, str, Engine | None]:
-    try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"thresholds file not found: {path} (run the pipeline's thresholds stage)") from None
-    thresholds = saved.get("thresholds")
-    if not isinstance(thresholds, dict):
-        raise DataError(f"{path}: no 'thresholds' mapping (run the thresholds stage)")
-    check_labels(thresholds, str(path))
-    check_engine_thresholds(saved, path)
-    engine = Engine.from_dict(saved["engine"], f"{path}:engine") if saved.get("engine") else None
-    return thresholds, saved.get("events"), saved.get("probs", "frame"), engine
-
-
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Heavy imports here, after the arguments: `--help` stays fast and torch-free.
+    from vce.core.contracts import read_index
+    from vce.core.errors import DataError
+    from vce.core.io import check_folder_output, outside_output_set, write_json
+    from vce.core.labels import LABELS
+    from vce.core.params import from_dict, load_params
+    from vce.data.index import DataParams
+    from vce.eval.report import ReportParams
+    from vce.infer.ensemble import fuse, fuse_embeddings
+    from vce.infer.predict import PredictParams, predict_frames
+    from vce.infer.route import mix
+    from vce.infer.temporal import align, build_sequences, probs_frame, read_embeddings, refine
+    from vce.model import checkpoint
+    from vce.model.device import resolve_device
+    from vce.post.engine import engine_submission
+    from vce.post.events import EventParams, probs_to_submission
+    from vce.post.thresholds import ThresholdParams
+    from vce.post.thresholds_file import read_thresholds
+    from vce.post.timeline import join_probs
+
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
-    thresholds, tuned, source, engine = load_tuned(Path(args.thresholds))
-    event_params = from_dict(EventParams, tuned or params["events"], f"{args.thresholds}:events" if tuned else "events")
+    saved = read_thresholds(args.thresholds)
+    thresholds, source, engine = saved.thresholds, saved.probs, saved.engine
+    event_params = from_dict(EventParams, saved.events or params["events"], f"{args.thresholds}:events" if saved.events else "events")
     viewer = None  # checked before any model runs
     if args.viewer_dir:
+        check_folder_output(args.viewer_dir)  # a folder the tool did not write is refused before the run, not after
         viewer = (from_dict(ReportParams, params["report"], "report").viewer,
                   from_dict(ThresholdParams, params["thresholds"], "thresholds").engine.min_gain_sqrt_videos)
     models = args.models or sorted(str(p) for p in Path("models/folds").glob("*/model.pt"))
@@ -169,7 +167,7 @@ def main(argv=None) -> int:
     if args.clinical_out:
         write_json(args.clinical_out, clinical, indent=None)
     if args.viewer_dir:
-        write_exam_viewer(args.viewer_dir, folder, frames, joined, submission, clinical, *viewer, Path(args.thresholds),
+        write_exam_viewer(args.viewer_dir, folder, frames, joined, submission, clinical, *viewer, saved.saved,
                           params["events"])
         print(f"{folder.name}: viewer {Path(args.viewer_dir) / 'index.html'}")
     events = sum(len(v["events"]) for v in submission["videos"])
@@ -179,18 +177,24 @@ def main(argv=None) -> int:
 
 
 def write_exam_viewer(out_dir, folder: Path, frames: pd.DataFrame, joined: pd.DataFrame, submission: dict,
-                      clinical: dict, viewer_params, min_gain_sqrt_videos: float, thresholds_path: Path,
+                      clinical: dict, viewer_params, min_gain_sqrt_videos: float, saved_thresholds: dict,
                       configured_events: dict) -> dict:
     """The viewer of one exam: its events and clinical list on the timeline, thumbnails of its frames."""
+    import numpy as np
+    import pandas as pd
+
+    from vce.core.labels import LABELS
+    from vce.post.timeline import event_time
+    from vce.viewer.build import ViewerSet, write_viewer
+
     trace = joined[["video_id", "t", *LABELS]].copy()
     trace.loc[~joined["valid"].to_numpy(bool), list(LABELS)] = np.nan
     files = pd.DataFrame({"video_id": frames["video_id"].astype(str).to_numpy(), "t": event_time(frames),
                           "path": [str(folder.parent / p) for p in frames["path"]]})
     units = {str(v): str(u) for v, u in frames.groupby("video_id", sort=False)["event_unit"].first().items()}
-    saved = json.loads(thresholds_path.read_text())
-    return write_viewer(out_dir, [ViewerSet("exam", submission, clinical, trace, files, units)], saved, viewer_params,
-                        n_tuning_videos=None, min_gain_sqrt_videos=min_gain_sqrt_videos,
-                        events=saved.get("events") or configured_events)
+    return write_viewer(out_dir, [ViewerSet("exam", submission, clinical, trace, files, units)], saved_thresholds,
+                        viewer_params, n_tuning_videos=None, min_gain_sqrt_videos=min_gain_sqrt_videos,
+                        events=saved_thresholds.get("events") or configured_events)
 
 
 if __name__ == "__main__":

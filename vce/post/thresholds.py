@@ -25,8 +25,6 @@ only when it raises the objective, so the result never scores below the start.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Annotated, Literal
 
 import numpy as np
@@ -271,24 +269,3 @@ def tune_on_map(
     }
     return search.thresholds, search.event_params, report
 
-
-def thresholds_checksum(thresholds: dict) -> str:
-    """sha256 of the per-label thresholds as JSON (sorted keys): what `thresholds.json` stores
-    beside them under `method: engine` (`thresholds_sha256`)."""
-    return hashlib.sha256(json.dumps(thresholds, sort_keys=True).encode()).hexdigest()
-
-
-def check_engine_thresholds(saved: dict, path) -> None:
-    """Under `method: engine` the engine decides every event and the per-label thresholds are
-    only a report (the frame-F1 ones, shown by the report and viewer): an edit to them would
-    change nothing, silently. So the file stores their checksum and an edited, added or
-    deleted threshold is refused, naming the file."""
-    if not saved.get("engine"):
-        return
-    stored = saved.get("thresholds_sha256")
-    if stored is None:
-        raise DataError(f"{path}: method engine without 'thresholds_sha256' (written by an older version or "
-                        "edited): rerun the thresholds stage")
-    if thresholds_checksum(saved.get("thresholds")) != stored:
-        raise DataError(f"{path}: its 'thresholds' were edited, but under method engine the engine decides the "
-                        "events, not them: rerun the thresholds stage (or use thresholds.method f1/map to set them)")
