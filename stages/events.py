@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from vce.post.engine import engine_submission
     from vce.post.events import EventParams, probs_to_submission, write_xlsx
     from vce.post.thresholds_file import read_thresholds
-    from vce.post.timeline import join_probs
+    from vce.post.timeline import join_probs, require_every_frame
     params = load_params(args.params)
     event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs
@@ -60,9 +60,14 @@ def main(argv=None) -> int:
     test_probs = args.test_probs or str(probs_file(source, "test", args.predict_dir, args.temporal_dir))
     out = Path(args.out_dir)
     test_frames = all_test_frames(read_index(args.test_frames), read_index(args.held_out) if args.held_out else None)
+    tables = []  # every input read and checked before any output is written
     for name, probs_path, frames in (("val", val_probs, read_index(args.frames)),
                                      ("submission", test_probs, test_frames)):
-        probs, _ = join_probs(read_probs(probs_path), frames)
+        probs = read_probs(probs_path)
+        if name == "submission":  # every video and frame of the test index, or no submission
+            require_every_frame(probs, frames, probs_path, args.test_frames)
+        tables.append((name, join_probs(probs, frames)[0]))
+    for name, probs in tables:
         if engine is not None:  # metric-optimal submission and the clean clinical list
             submission, clinical = engine_submission(probs, engine)
         else:

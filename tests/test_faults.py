@@ -53,7 +53,7 @@ def write_tables(folder: Path, videos=("v1", "v2"), n: int = 40, test_videos=("t
 
 
 def write_thresholds(folder: Path, engine: dict | None = None) -> Path:
-    from vce.post.thresholds import thresholds_checksum
+    from vce.post.thresholds_file import thresholds_checksum
 
     path = folder / "thresholds.json"
     thresholds = {label: 0.5 for label in LABELS}
@@ -333,7 +333,7 @@ def test_under_the_engine_an_edited_threshold_is_refused_naming_the_file(tmp_pat
 def test_the_thresholds_stage_writes_the_checksum_only_under_the_engine(tmp_path):
     import yaml
 
-    from vce.post.thresholds import thresholds_checksum
+    from vce.post.thresholds_file import thresholds_checksum
 
     write_tables(tmp_path)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -346,12 +346,13 @@ def test_the_thresholds_stage_writes_the_checksum_only_under_the_engine(tmp_path
     assert load_stage("thresholds").main(args) == 0
     assert "thresholds_sha256" not in json.loads((tmp_path / "out.json").read_text())
     from vce.core.errors import DataError
-    from vce.post.thresholds import check_engine_thresholds
+    from vce.post.thresholds_file import check_saved
 
-    saved = {"thresholds": {"a": 0.5}, "engine": {"coef": []}}
+    thresholds = {label: 0.5 for label in LABELS}
+    saved = {"method": "engine", "probs": "frame", "thresholds": thresholds, "events": None, "engine": {"coef": []}}
     with pytest.raises(DataError, match="thresholds_sha256"):
-        check_engine_thresholds(saved, "t.json")
-    check_engine_thresholds({**saved, "thresholds_sha256": thresholds_checksum({"a": 0.5})}, "t.json")
+        check_saved(saved, "t.json")
+    check_saved({**saved, "thresholds_sha256": thresholds_checksum(thresholds)}, "t.json")
 
 
 def test_a_stage_whose_stdout_reader_stops_finishes_its_outputs_quietly(tmp_path):
@@ -515,3 +516,82 @@ def test_a_temporal_model_file_of_another_version_is_one_line_naming_it(tmp_path
     checkpoint.save(tmp_path / "temporal.pt", {"enabled": True, "embed_dim": 8, "params": {}, "state_dict": {}})
     with pytest.raises(DataError, match=rf"^{tmp_path / 'temporal.pt'}: not a temporal model this version loads"):
         load_temporal(tmp_path / "temporal.pt")
+
+
+# ----------------------------------------------------------------------------- issue 48: no video vanishes
+
+@pytest.mark.parametrize("cut,named", [
+    ("video", "video t2 every frame (30 row(s))"),
+    ("frames", "video t1 frame(s) 10-29 (20 row(s))"),
+    ("all", "video t1 every frame (30 row(s))"),
+])
+def test_test_probabilities_lacking_a_video_or_frames_stop_the_events_stage_naming_them(tmp_path, capsys, cut, named):
+    """Issue 48, BUG 3: probabilities lacking a test video (or frames 301-648, or every row)
+    gave a submission without it (or events stopping at 300), exit 0. Mutation killed: not
+    checking the index's rows (exit 0, t2 absent from submission.json)."""
+    write_tables(tmp_path, test_videos=("t1", "t2"))
+    write_thresholds(tmp_path)
+    assert load_stage("events").main(events_args(tmp_path)) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "events").iterdir()}
+    assert [v["video_id"] for v in json.loads(before["submission.json"])["videos"]] == ["t1", "t2"]
+    probs = pd.read_parquet(tmp_path / "test.parquet")
+    keep = {"video": probs["video_id"] != "t2", "frames": ~((probs["video_id"] == "t1") & (probs["frame"] >= 10)),
+            "all": probs["frame"] < 0}[cut]
+    write_probs(tmp_path / "test.parquet", probs[keep].reset_index(drop=True))
+    assert load_stage("events").main(events_args(tmp_path)) == 2
+    one_line_error(capsys, str(tmp_path / "test.parquet"), named, "rerun predict_test")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "events").iterdir()} == before
+
+
+def test_events_never_end_past_a_videos_last_frame():
+    """Issue 48, BUG 4: a 1-frame video got an event 0-44 (the demo's engine; 0-3 in the issue's
+    run), a long one events past its end: a run reached into the separator after the video.
+    Mutation killed: not clipping (the 1-frame video's event ends at 44)."""
+    from conftest import section_params
+
+    from vce.post.engine import Engine, engine_submission
+    from vce.post.events import EventParams, build_timeline, probs_to_submission
+    from vce.post.runs import clip_to_videos
+
+    engine = Engine.from_dict(json.loads((ROOT / "tests/golden/demo_engine.json").read_text()), "demo_engine")
+    rng = np.random.default_rng(0)
+    lengths = {"one": 1, "long": 2000}
+    probs = pd.DataFrame([(v, t) for v, n in lengths.items() for t in range(n)], columns=["video_id", "t"])
+    for label in LABELS:
+        probs[label] = (rng.random(len(probs)) * 0.3).astype(np.float32)
+    probs["small intestine"] = np.float32(0.9)
+    probs.loc[probs["video_id"] == "long", "colon"] = np.linspace(0, 1, 2000, dtype=np.float32)
+    probs["valid"] = True
+    params = section_params(EventParams, "events", median_window=9, fill_gap=8)
+    ranked, clinical = engine_submission(probs, engine)
+    assert all(video["events"] for video in ranked["videos"])  # the 1-frame video's events too
+    for submission in (ranked, clinical, probs_to_submission(probs, {label: 0.5 for label in LABELS}, params)):
+        assert {v["video_id"] for v in submission["videos"]} == set(lengths)
+        for video in submission["videos"]:
+            assert all(0 <= e["start"] <= e["end"] <= lengths[video["video_id"]] - 1 for e in video["events"]), video
+    timeline = build_timeline(probs, max_reach=4)
+    clipped = clip_to_videos(timeline, {"videos": [{"video_id": "one", "events": [{"start": 0, "end": 3, "label": ["colon"]}]},
+                                                   {"video_id": "long", "events": [{"start": 1999, "end": 2004, "label": ["colon"]},
+                                                                                   {"start": 2001, "end": 2004, "label": ["ulcer"]}]}]})
+    assert clipped["videos"] == [{"video_id": "one", "events": [{"start": 0, "end": 0, "label": ["colon"]}]},
+                                 {"video_id": "long", "events": [{"start": 1999, "end": 1999, "label": ["colon"]}]}]
+
+
+@pytest.mark.parametrize("method,edit,named", [
+    ("engine", {"engine": None}, "method engine needs its 'engine' block, which is missing"),
+    ("map", {"events": None}, "method map needs its 'events' block, which is missing"),
+    ("f1", {"engine": {"coef": []}}, "method f1 with an 'engine' block"),
+    ("f1", {"method": "magic"}, "method 'magic'"),
+])
+def test_a_thresholds_file_whose_method_lacks_its_block_is_refused(tmp_path, capsys, method, edit, named):
+    """Issue 48, BUG 5: `method: engine` with its engine block deleted decoded with plain
+    thresholds, exit 0 (7 events instead of 78). Mutation killed: not checking the block."""
+    write_tables(tmp_path)
+    path = write_thresholds(tmp_path, _engine_json() if method == "engine" else None)
+    saved = json.loads(path.read_text())
+    if method == "map":
+        saved["method"] = "map"
+    path.write_text(json.dumps({**saved, **edit}))
+    assert load_stage("events").main(events_args(tmp_path)) == 2
+    one_line_error(capsys, str(path), named)
+    assert not (tmp_path / "events").exists()

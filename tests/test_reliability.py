@@ -218,18 +218,19 @@ def test_past_the_xlsx_row_limit_events_continue_on_more_sheets(tmp_path, monkey
 def test_a_nan_threshold_is_an_error_naming_label_and_file(tmp_path):
     from vce.core.errors import DataError
     from vce.core.labels import LABELS
+    from vce.post.thresholds_file import read_thresholds
 
-    events_stage = load_stage("events")
     path = tmp_path / "thresholds.json"
     thresholds = {label: 0.5 for label in LABELS}
-    path.write_text(json.dumps({"thresholds": {**thresholds, "blood": float("nan")}}))
+    saved = {"method": "f1", "probs": "frame", "events": None, "engine": None}
+    path.write_text(json.dumps({**saved, "thresholds": {**thresholds, "blood": float("nan")}}))
     with pytest.raises(DataError, match=rf"^{path}: threshold of 'blood' is nan, must be a number >= 0$"):
-        events_stage.load_thresholds(str(path))
-    path.write_text(json.dumps({"thresholds": thresholds, "events": None}))
-    assert events_stage.load_thresholds(str(path))[0] == thresholds
+        read_thresholds(path)
+    path.write_text(json.dumps({**saved, "thresholds": thresholds}))
+    assert read_thresholds(path).thresholds == thresholds
     path.write_text("{not json")
-    with pytest.raises(DataError, match=rf"^{path}: not valid JSON"):
-        events_stage.load_thresholds(str(path))
+    with pytest.raises(DataError, match=rf"^thresholds file: {path} is not valid JSON"):
+        read_thresholds(path)
 
 
 def test_disk_full_while_saving_a_checkpoint_is_one_oserror_and_keeps_the_old_file(tmp_path, monkeypatch):

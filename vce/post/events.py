@@ -46,7 +46,7 @@ from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.core.params import FieldError, OddInt, Section, explain
 from vce.post.anatomy import anatomy_runs
 from vce.post.kernels import majority_runs
-from vce.post.runs import mean_probs, runs_of, video_of
+from vce.post.runs import clip_to_videos, mean_probs, runs_of, video_of
 
 # Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
 LABEL_KNOBS = {"median_window": int, "fill_gap": int, "min_length": int, "presence_threshold": float, "presence_min_frames": int}
@@ -315,7 +315,7 @@ def _submission(timeline: Timeline, starts, ends, masks, confidences, by_confide
         masks[order].tolist(),
     ):
         videos[v]["events"].append({"start": s, "end": e, "label": _label_names(m, names)})
-    return {"videos": videos}
+    return clip_to_videos(timeline, {"videos": videos})
 
 
 def timeline_runs(timeline: Timeline, thresholds: dict[str, float], params: EventParams) -> list:

@@ -27,6 +27,31 @@ def video_of(timeline, positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(timeline.video_first, positions, side="right") - 1
 
 
+def video_time_bounds(timeline) -> tuple[np.ndarray, np.ndarray]:
+    """(V,), (V,): the event time of each video's first and last row. The separator after a video
+    carries times past its last frame (a window or a run may reach into it)."""
+    if not len(timeline.video_first):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    cap = int(timeline.video_first[0])  # every video is preceded by a separator of this length
+    last = np.append(timeline.video_first[1:], len(timeline.time)) - cap - 1
+    return timeline.time[timeline.video_first], timeline.time[last]
+
+
+def clip_to_videos(timeline, submission: dict) -> dict:
+    """`submission` with every event cut to its video's frames (an event wholly outside is
+    dropped): no event ends past a video's last frame, whatever a run or a candidate's widening
+    reached into the separator after it."""
+    first, last = video_time_bounds(timeline)
+    bounds = {video_id: (int(first[v]), int(last[v])) for v, video_id in enumerate(timeline.video_ids)}
+    videos = []
+    for video in submission["videos"]:
+        lo, hi = bounds[video["video_id"]]
+        events = [{**event, "start": max(event["start"], lo), "end": min(event["end"], hi)}
+                  for event in video["events"] if event["start"] <= hi and event["end"] >= lo]
+        videos.append({**video, "events": events})
+    return {**submission, "videos": videos}
+
+
 def prob_cum(timeline, k: int) -> np.ndarray:
     """(P+1,) float64 prefix sum of label k's probabilities (0 where unobserved), cached on the timeline."""
     if k not in timeline.prob_cums:

@@ -65,3 +65,31 @@ def join_probs(probs: pd.DataFrame, frames: pd.DataFrame):
     truth_columns = [f"true:{label}" for label in LABELS]
     labels = joined[truth_columns].to_numpy(np.uint8) if has_labels else None
     return joined.drop(columns=truth_columns, errors="ignore"), labels
+
+
+def _ranges(frames: np.ndarray, most: int = 3) -> str:
+    """'301-648, 700' for sorted frame numbers (contiguous runs joined), the first `most` runs."""
+    breaks = np.flatnonzero(np.diff(frames) != 1) + 1
+    runs = [(int(r[0]), int(r[-1])) for r in np.split(frames, breaks)]
+    text = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:most])
+    return text + (f" and {len(runs) - most} more run(s)" if len(runs) > most else "")
+
+
+def require_every_frame(probs: pd.DataFrame, frames: pd.DataFrame, probs_path, index_path) -> None:
+    """Every (video_id, frame) of the index has a probability row (an undecodable frame has one,
+    `valid=false`), else one line naming the file, the first video lacking rows and those rows.
+    Without this a video missing from the probabilities vanished from the submission, and a
+    video cut short lost its events past the cut, with exit 0."""
+    have = pd.MultiIndex.from_frame(probs[["video_id", "frame"]].astype({"video_id": str}))
+    wanted = frames[["video_id", "frame"]].astype({"video_id": str})
+    missing = wanted[~pd.MultiIndex.from_frame(wanted).isin(have)]
+    if missing.empty:
+        return
+    videos = list(dict.fromkeys(missing["video_id"]))
+    video = videos[0]
+    rows = np.sort(missing.loc[missing["video_id"] == video, "frame"].to_numpy(np.int64))
+    whole = len(rows) == int((wanted["video_id"] == video).sum())
+    what = "every frame" if whole else f"frame(s) {_ranges(rows)}"
+    raise DataError(f"{probs_path} lacks {len(missing)} row(s) of {index_path} in {len(videos)} video(s) "
+                    f"{videos[:5]}: video {video} {what} ({len(rows)} row(s)); the submission would lack them: "
+                    "rerun predict_test")

@@ -42,6 +42,7 @@ from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
+from vce.post.runs import clip_to_videos
 
 
 @gc_paused
@@ -77,7 +78,7 @@ def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict
             clean += [{"start": s, "end": e, "label": [label]} for s, e in c.clinical[v]]
         submission.append({"video_id": video_id, "events": ranked})
         clinical.append({"video_id": video_id, "events": sorted(clean, key=lambda e: (e["start"], e["end"], e["label"]))})
-    return {"videos": submission}, {"videos": clinical}
+    return clip_to_videos(timeline, {"videos": submission}), clip_to_videos(timeline, {"videos": clinical})
 
 
 def _run_specs(engine: Engine):
