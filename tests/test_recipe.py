@@ -127,3 +127,51 @@ def test_seed_schedule_ends_at_the_logged_rate():
     rates = onecycle_rates(train, 500_000 // 128)
     assert rates[-1] == pytest.approx(9.0e-8, rel=1e-3)  # 9e-5 / 25 / 40; torch's default 1e4 gave 3.6e-10
     assert max(rates) < 9e-5 and rates == sorted(rates, reverse=True)  # warm-up (15 %) ends inside epoch 1
+
+
+# ----------------------------------------------------------------------------- issue 48, BUG 6
+
+def test_a_value_holding_a_hash_is_replaced_whole_and_comments_stay():
+    """`source: "local-dir:/models/bc#1"  # c` became `hf-hub:…_224#1"`. Mutation killed: the
+    value ending at the first `#` (the old regex)."""
+    text = ('model:\n  source: "local-dir:/models/bc#1"  # c\n  note: \'it\'\'s # mine\'   # d\n'
+            'train:\n  epochs: 8  # e\n  lr_head: 1.0e-3\n')
+    changed = recipe.apply(text, {"model.source": SEED["model.source"], "model.note": "a # b", "train.epochs": 5})
+    assert yaml.safe_load(changed) == {"model": {"source": SEED["model.source"], "note": "a # b"},
+                                       "train": {"epochs": 5, "lr_head": 1.0e-3}}
+    assert changed.splitlines()[1:5] == [f"  source: {SEED['model.source']} # c",  # the comment as close as it was
+                                         "  note: 'a # b'          # d",  # its column kept
+                                         "train:", "  epochs: 5  # e"]
+
+
+def test_any_indentation_width_is_edited_and_an_uneditable_layout_is_refused():
+    """A valid 4-space params.yaml got "no one-line value to replace". A value the line editor
+    would cut (a plain scalar continued on the next line) is refused, never half-written.
+    Mutations killed: depth = indent // 2; no parse-back check."""
+    four = "base:\n    seed: 1\n    exact_cpu: true   # pinned\ntrain:\n    epochs: 8\n"
+    changed = recipe.apply(four, {"base.exact_cpu": False, "train.epochs": 5})
+    assert changed == "base:\n    seed: 1\n    exact_cpu: false  # pinned\ntrain:\n    epochs: 5\n"
+    continued = "model:\n  source: local-dir:/models\n    biomedclip\n"
+    with pytest.raises(ParamsError, match=r"^p.yaml: writing the recipe's values line by line would change more"):
+        recipe.apply(continued, {"model.source": "hf-hub:x"}, "p.yaml")
+
+
+def test_a_non_utf8_or_symlinked_params_file(tmp_path, capsys):
+    """A non-UTF-8 params.yaml was a traceback; a symlinked one became a plain file. Mutations
+    killed: reading with read_text(); writing over the link."""
+    import os
+
+    target = tmp_path / "params.yaml"
+    target.write_bytes((ROOT / "params.yaml").read_bytes().replace(b"# every knob", b"# \xff every knob", 1)
+                       if b"# every knob" in (ROOT / "params.yaml").read_bytes() else b"base:\n  seed: 1 # \xff\n")
+    assert recipe.main(["seed", "--params", str(target), "--apply", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {target}: not UTF-8 (byte 0xff at offset") and err.count("\n") == 1, err
+    real = tmp_path / "shared" / "params.yaml"
+    real.parent.mkdir()
+    real.write_text((ROOT / "params.yaml").read_text())
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real)
+    assert recipe.main(["seed", "--apply", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert yaml.safe_load(real.read_text()) == params_with(SEED)
