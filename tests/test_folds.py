@@ -233,3 +233,59 @@ def test_fold_frames_names_the_missing_column_and_the_empty_fold():
     assert fold_frames(frames, 1)["split"].tolist() == ["train", "val"]
     with pytest.raises(DataError, match="fold 2 holds out no video"):
         fold_frames(frames, 2)
+
+
+def documented_detect_commands() -> list[str]:
+    """Every `python -m vce.infer.detect …` command of the README and docs, as typed (backslash
+    continuations joined), EXAM / EXAM_FOLDER standing for the exam folder."""
+    import re
+
+    commands = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text().replace("\\\n", " ")
+        for found in re.finditer(r"python -m vce\.infer\.detect EXAM(?:_FOLDER)? --out [^`\n]*", text):
+            commands.append(re.sub(r"\s+", " ", found.group(0)).strip())
+    return sorted(set(commands))
+
+
+def test_the_documented_detect_commands_run_as_typed_with_the_shipped_params(downstream, tmp_path):
+    """Issue 48, BUG 2: the README's one-exam command ended in `RuntimeError: [...] imported before
+    base.exact_cpu could apply` (torch at detect's top), untested because the tests called
+    `detect.main(argv)` in process. Here each documented command runs in a shell, in a folder laid
+    out as the repository (shipped params.yaml, models/, metrics/ensemble.json, data/demo/test/).
+    Also BUG 1: a rerun replaces its own viewer, `--viewer-dir .` and a user's folder are refused."""
+    import os
+    import shutil
+    import subprocess
+
+    root, _ = downstream
+    (video,) = pd.read_parquet(root / "index/test.parquet")["video_id"].unique()
+    work = tmp_path / "repo"
+    (work / "metrics").mkdir(parents=True)
+    (work / "data/demo/test").mkdir(parents=True)
+    shutil.copy(ROOT / "params.yaml", work / "params.yaml")  # the shipped params: base.exact_cpu true
+    (work / "models").symlink_to(root / "models")
+    (work / "metrics/ensemble.json").symlink_to(root / "metrics/ensemble.json")
+    (work / "data/demo/test/ukdd_navi_00051").symlink_to(next((root / "demo/test").rglob(video)))
+    commands = documented_detect_commands()
+    assert len(commands) >= 3 and any("--viewer-dir" in c for c in commands), commands
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def shell(command: str):
+        exam = command.replace(" EXAM_FOLDER ", " data/demo/test/ukdd_navi_00051 ").replace(" EXAM ", " data/demo/test/ukdd_navi_00051 ")
+        return subprocess.run(exam, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+
+    for command in commands + [commands[-1]]:  # the last one twice: a rerun replaces its own outputs
+        run = shell(command)
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+        out = work / command.split("--out ")[1].split()[0]
+        assert [v["video_id"] for v in json.loads(out.read_text())["videos"]] == ["ukdd_navi_00051"]
+        if "--viewer-dir" in command:
+            assert (work / command.split("--viewer-dir ")[1].split()[0] / "index.html").is_file()
+    (work / "mine").mkdir()
+    (work / "mine/important.txt").write_text("a user's file")
+    before = sorted(p.name for p in work.iterdir())
+    for folder, said in ((".", "is the working folder"), ("mine", "was not written by this tool")):
+        run = shell(f"python -m vce.infer.detect EXAM --out again.json --viewer-dir {folder}")
+        assert run.returncode == 2 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert sorted(p.name for p in work.iterdir()) == before and (work / "mine/important.txt").read_text() == "a user's file"
