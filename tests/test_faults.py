@@ -582,10 +582,12 @@ def test_events_never_end_past_a_videos_last_frame():
     ("map", {"events": None}, "method map needs its 'events' block, which is missing"),
     ("f1", {"engine": {"coef": []}}, "method f1 with an 'engine' block"),
     ("f1", {"method": "magic"}, "method 'magic'"),
+    ("f1", {"thresholds": {label: 0.5 for label in LABELS if label != "ulcer"}}, "thresholds lack label(s) ['ulcer']"),
 ])
 def test_a_thresholds_file_whose_method_lacks_its_block_is_refused(tmp_path, capsys, method, edit, named):
     """Issue 48, BUG 5: `method: engine` with its engine block deleted decoded with plain
-    thresholds, exit 0 (7 events instead of 78). Mutation killed: not checking the block."""
+    thresholds, exit 0 (7 events instead of 78); WEAK: `thresholds lack label(s) ['ulcer']`
+    named no file. Mutation killed: not checking the block (exit 0)."""
     write_tables(tmp_path)
     path = write_thresholds(tmp_path, _engine_json() if method == "engine" else None)
     saved = json.loads(path.read_text())

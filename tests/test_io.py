@@ -348,3 +348,30 @@ def test_a_kill_at_every_rename_of_a_publish_leaves_one_whole_set_and_nothing_st
         assert len(_versions(folder)) == 1, (k, _versions(folder))
         assert _leftovers(folder) == [], (k, _leftovers(folder))
     assert seen == {"old", "new"} and run.returncode == 0
+
+
+def test_a_full_disk_names_the_file_that_failed_not_the_enclosing_one(tmp_path, monkeypatch):
+    """Issue 48, WEAK: a full disk in predict named `test.parquet` when `test_embeddings.parquet`
+    failed (nested outputs: the outer context renamed the inner one's message). Mutation
+    killed: the outer context naming an error already named."""
+    import errno
+    import os
+
+    from vce.core.io import atomic_path
+
+    probs, embeddings = tmp_path / "test.parquet", tmp_path / "test_embeddings.parquet"
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").split("/")[-1].startswith(".test_embeddings.parquet."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    from vce.core.io import output_set
+
+    with pytest.raises(OSError, match=rf"^\[Errno 28\] cannot write {embeddings} \(No space left on device\); the previous output is kept$"):
+        with output_set(), atomic_path(probs) as tmp_probs, atomic_path(embeddings) as tmp_embeddings:
+            tmp_probs.write_text("probs")
+            tmp_embeddings.write_text("embeddings")
+    assert list(tmp_path.iterdir()) == []

@@ -123,14 +123,13 @@ def _complete(tmp: Path, path: Path) -> None:
     file is scratch and skips the sync."""
     if _PENDING.get() is None:
         return
-    if tmp.is_dir():
-        _sync_filesystem(tmp)
-    elif tmp.is_file():
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    try:
+        if tmp.is_dir():
+            _sync_filesystem(tmp)
+        elif tmp.is_file():
+            _fsync_file(tmp)
+    except OSError as err:  # the failing temporary named, for `_named`
+        raise OSError(err.errno, err.strerror or str(err), str(tmp)) from None
 
 
 # Publishing a set (`_publish_all`) is all or nothing, against a failed rename and a kill:
@@ -311,6 +310,8 @@ def _named(err: OSError, temps: list[Path], paths: list[Path]) -> OSError:
     temporary, or nothing); other errors, and named ones, pass unchanged."""
     full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or "No space left" in str(err)
     if not full or any(str(p) in str(err) for p in paths):  # another error (a missing input): as it is
+        return err
+    if (err.strerror or "").startswith("cannot write "):  # named by an inner output's context (nested atomic_paths)
         return err
     failed = [p for tmp, p in zip(temps, paths) if err.filename is not None and str(tmp) == str(err.filename)]
     target = failed[0] if failed else paths[0] if len(paths) == 1 else ", ".join(map(str, paths))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from vce.core.contracts import PROBS_SOURCES
 from vce.core.errors import DataError
 from vce.core.io import read_json, write_json
-from vce.core.labels import check_labels
+from vce.core.labels import LABELS, check_labels
 from vce.post.engine import Engine
 
 METHODS = ("f1", "map", "engine")
@@ -83,6 +83,9 @@ def check_saved(saved, path) -> None:
     if not isinstance(thresholds, dict):
         raise DataError(f"{path}: no 'thresholds' mapping label -> threshold (run the thresholds stage)")
     check_labels(thresholds, str(path))
+    missing = [label for label in LABELS if label not in thresholds]
+    if missing:
+        raise DataError(f"{path}: thresholds lack label(s) {missing} (run the thresholds stage)")
     for label, value in thresholds.items():
         # Above 1 means "never fires" (labels without validation positives); NaN fails `>=`.
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0:
