@@ -429,6 +429,25 @@ def test_yaml_merge_keys_are_accepted_and_explicit_keys_override_them(tmp_path):
         load_params(_params_text(tmp_path, twice))
 
 
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """Issue 48, WEAK: 240 bytes of nested aliases in `thresholds.coarse_grid` cost 18 s and
+    1.1 GB of validation before its error. Refused while the file is parsed, in well under a
+    second. Mutation killed: no size check (the time bound)."""
+    import time
+
+    levels = ["&a [1,1,1,1,1,1,1,1,1]"] + [f"&{n} [{','.join([f'*{p}'] * 9)}]" for p, n in zip("abcdef", "bcdefg")]
+    lines = (ROOT / "params.yaml").read_text().split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("  coarse_grid:"))
+    end = next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("  - "))
+    lines[at:end] = [f"  coarse_grid: [{', '.join(levels)}]"]
+    path = _params_text(tmp_path, "\n".join(lines))
+    began = time.perf_counter()
+    with pytest.raises(ParamsError, match=r"its aliases expand to 6,053,970 values \(more than 100,000\)"):
+        load_params(path)
+    assert time.perf_counter() - began < 5
+    load_params(ROOT / "params.yaml")  # the shipped file, merge keys and all, far below the bound
+
+
 @pytest.mark.parametrize("bad", [b"\xff", b"? [a]\n: 1\n"])
 def test_the_params_stage_reports_a_bad_byte_or_key_without_a_traceback(tmp_path, bad):
     import subprocess

@@ -144,6 +144,38 @@ def _construct_mapping(loader, node, deep=False):
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# Values the YAML may expand to through aliases (params.yaml: ~700). An alias bomb (1 KB of
+# nested `*a` lists expanding to millions) cost 18 s and 1.1 GB in validation before its error.
+MAX_YAML_VALUES = 100_000
+
+
+def _expanded_size(node, sizes: dict) -> int:
+    """How many values `node` expands to, each alias counted as often as it is used (memoised:
+    the cost is the file's size, not the expansion's)."""
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # a cycle (an alias inside its own anchor) counts once
+        children = node.value if isinstance(node, yaml.SequenceNode) else \
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
+def _load_yaml(text: str):
+    """The document of `text` (unique keys), refused before construction when its aliases
+    expand to more than MAX_YAML_VALUES values."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_YAML_VALUES:
+            raise ParamsError(f"its aliases expand to {size:,} values (more than {MAX_YAML_VALUES:,}): "
+                              "an alias used inside another alias's list, many times over?")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
 
 def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
     """The whole file as a dict, after the root check (known sections, all present, no repeats)
@@ -152,7 +184,7 @@ def load_params(path: str | Path = "params.yaml", sections=SECTIONS) -> dict:
     if not path.is_file():
         raise ParamsError(f"params file not found: {path}")
     try:
-        params = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        params = _load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
         raise ParamsError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})") from None
     except ParamsError as err:
