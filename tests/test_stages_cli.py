@@ -245,3 +245,13 @@ def test_events_warns_when_nothing_is_emitted(tmp_path, capsys, colon_threshold,
     assert "warning: submission" not in err  # no test videos: nothing to warn about
     events = json.loads((tmp_path / "events/val.json").read_text())["videos"][0]["events"]
     assert (len(events) == 0) is warned
+
+
+def test_the_report_viewer_follows_plots_dir():
+    """Issue 48, WEAK: `report --plots-dir X` still wrote the viewer into plots/viewer. Mutation
+    killed: a fixed default."""
+    report = load_stage("report")
+    assert report.parse_args(["--plots-dir", "elsewhere"]).viewer_dir == "elsewhere/viewer"
+    assert report.parse_args(["--plots-dir", "x", "--viewer-dir", "v"]).viewer_dir == "v"
+    outs = {next(iter(o)) if isinstance(o, dict) else o for o in dvc_stages()["report"]["outs"]}
+    assert report.parse_args([]).viewer_dir in outs  # what dvc.yaml declares

@@ -58,6 +58,8 @@ def exam_frames(folder: Path, data: DataParams) -> pd.DataFrame:
         raise DataError(f"exam folder not found: {folder}")
     report = IndexReport(data.report_examples)
     frames = index_test_video(folder, None, folder.parent, data, report)
+    for line in report.summary_lines():  # frames left out (empty, truncated, oversized …) are said, as index says them
+        print(f"{folder.name}: {line}", file=sys.stderr)
     if frames is None or frames.empty:
         raise DataError(f"{folder}: no frame files (expected frame_<n>.png)")
     return frames
@@ -121,6 +123,7 @@ def main(argv=None) -> int:
     from vce.post.thresholds import ThresholdParams
     from vce.post.thresholds_file import read_thresholds
     from vce.post.timeline import join_probs
+    from vce.viewer.build import check_page_names
 
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
@@ -138,6 +141,8 @@ def main(argv=None) -> int:
         raise DataError("no models: pass --models or train the pipeline (models/folds/<k>/model.pt)")
     temporal, routes = temporal_route(source, Path(args.temporal), Path(args.thresholds))
     folder = Path(args.exam)
+    if args.viewer_dir:
+        check_page_names("exam", [folder.name])
     frames = exam_frames(folder, data)
     device = resolve_device(predict_params.device)
     with tempfile.TemporaryDirectory(prefix="vce_detect_") as tmp, outside_output_set():  # read back below

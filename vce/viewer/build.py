@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from vce.core.errors import DataError
 from vce.core.io import atomic_dir, safe_file_name
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
 from vce.eval.report import ViewerParams
@@ -148,7 +149,7 @@ def _videos(viewer_set: ViewerSet) -> list[Video]:
         video.gt = _rows(gt_events.get(video_id, []), pred_matches if has_gt else None, video_id, times, cum,
                          count, gt=True)
         video.ap = aps.get(video_id)
-        video.page = f"{safe_file_name(viewer_set.name)}_{safe_file_name(video_id)}.html"
+        video.page = page_name(viewer_set.name, video_id)
         videos.append(video)
     return videos
 
@@ -230,6 +231,25 @@ def _thumb_rows(video: Video, granted: set, files: dict, frames_per_event: int) 
     return thumbs, by_key
 
 
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+
+
+def page_name(set_name: str, video_id) -> str:
+    """The file name of a video's page."""
+    return f"{safe_file_name(set_name)}_{safe_file_name(video_id)}.html"
+
+
+def check_page_names(set_name: str, video_ids) -> None:
+    """Every video's page name fits a file name; else one line naming the video, before any
+    work (a 250-byte exam folder failed only after the whole detection run)."""
+    for video_id in video_ids:
+        name = page_name(set_name, video_id)
+        if len(name.encode()) > NAME_MAX:
+            raise DataError(f"video id {str(video_id)[:40]!r}… ({len(str(video_id).encode())} bytes): its viewer page "
+                            f"would be a {len(name.encode())}-byte file name, over the {NAME_MAX}-byte limit: "
+                            "rename the exam folder")
+
+
 def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params: ViewerParams,
                  n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict:
     """Write the viewer folder; return its counts (videos, pages, events, thumbnails, bytes, seconds per phase).
@@ -237,6 +257,8 @@ def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params:
     saved_thresholds: models/thresholds.json; n_tuning_videos, min_gain_sqrt_videos, events:
     what `vce.viewer.silence.silence_reason` needs to explain a silent label.
     """
+    for viewer_set in sets:
+        check_page_names(viewer_set.name, viewer_set.probs["video_id"].unique())
     with atomic_dir(out_dir) as staging:  # the old folder stays whole until the new one is complete
         return _write_viewer(staging, sets, saved_thresholds, params, n_tuning_videos, min_gain_sqrt_videos, events)
 
