@@ -348,3 +348,22 @@ def test_output_piped_to_a_reader_that_stops_exits_quietly(tmp_path):
     assert (code, err) == (0, "")
     code, out, _ = _cli(empty, empty)
     assert code == 0 and json.loads(out)["map@0.5"] is not None
+
+
+def test_a_submission_past_the_truths_end_is_scored_with_a_plausibility_warning(tmp_path, capsys):
+    """Issue 48, WEAK: every event past the truth's end (frame numbers against index-unit
+    truth) was rated 0.324, the empty submission's score, without a word. Mutation killed: no
+    warning."""
+    gt = {"videos": [{"video_id": "a", "events": [{"start": 0, "end": 99, "label": ["colon"]}]}]}
+    pred = {"videos": [{"video_id": "a", "events": [{"start": 500, "end": 900, "label": ["colon"]},
+                                                    {"start": 10, "end": 20, "label": ["ulcer"]}]}]}
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "pred.json").write_text(json.dumps(pred))
+    assert main([str(tmp_path / "gt.json"), str(tmp_path / "pred.json")]) == 0
+    err = capsys.readouterr().err
+    assert err == ("warning: 1 of 2 event(s) start after the last ground-truth frame of their video (e.g. video a "
+                   "event 500-900, truth ends at 99): other units or an offset? (frame numbers against index-unit "
+                   "truth)\n")
+    (tmp_path / "pred.json").write_text(json.dumps(gt))
+    assert main([str(tmp_path / "gt.json"), str(tmp_path / "pred.json")]) == 0
+    assert capsys.readouterr().err == ""

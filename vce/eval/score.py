@@ -360,6 +360,26 @@ def _read_json(path: str, what: str) -> dict:
         raise SubmissionError(f"{what} {path}: JSON nested too deeply to be a submission") from None
 
 
+def events_past_the_truth(gt: dict, pred: dict) -> tuple[int, int, str | None]:
+    """(events starting after the last ground-truth frame of their video, all events, an
+    example). Truth events cover each video's regions to its end, so such events are in other
+    units or offsets (frame numbers against `index` truth): they score as the empty submission."""
+    truth_end = {}
+    for video in gt.get("videos", []):
+        ends = [e["end"] for e in video.get("events", []) if isinstance(e.get("end"), (int, float))]
+        if ends:
+            truth_end[video.get("video_id")] = max(ends)
+    past, total, example = 0, 0, None
+    for video in pred.get("videos", []):
+        end = truth_end.get(video.get("video_id"))
+        for event in video.get("events", []):
+            total += 1
+            if end is not None and isinstance(event.get("start"), (int, float)) and event["start"] > end:
+                past += 1
+                example = example or f"video {video['video_id']} event {event['start']}-{event.get('end')}, truth ends at {end}"
+    return past, total, example
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vce.eval.score", description="Official RARE-VISION temporal mAP (tIoU 0.5 and 0.95)."
@@ -379,6 +399,11 @@ def main(argv=None) -> int:
                 print(f"warning: {len(unusual)} event(s) scored as the official evaluator does, though not "
                       f"integer start <= end (e.g. {unusual[0]}); --strict refuses them", file=sys.stderr)
         result = score(gt, pred, check=False)
+        past, total, example = events_past_the_truth(gt, pred)
+        if past:
+            print(f"warning: {past} of {total} event(s) start after the last ground-truth frame of their video "
+                  f"(e.g. {example}): other units or an offset? (frame numbers against index-unit truth)",
+                  file=sys.stderr)
     except SubmissionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
