@@ -478,3 +478,17 @@ def test_gc_paused_pauses_the_collector_and_restores_its_state():
         assert not gc.isenabled()  # a caller's own pause is left as it was
     finally:
         gc.enable()
+
+
+def test_label_objective_scores_ground_truth_with_integer_video_ids():
+    """Issue 48, latent defect: truth whose `video_id` are ints (the scorer and its CLI accept
+    them) left every video unscored (`np.isin` of str against int), every AP 0, no error.
+    Mutation killed: keeping the truth's int ids."""
+    timeline = build_timeline(pd.DataFrame({"video_id": ["1", "2"], "t": [0, 0], **{name: [0.5] * 2 for name in LABELS}}), "t")
+    events = [{"start": 0, "end": 90, "label": ["colon"]}, {"start": 3, "end": 7, "label": ["blood"]}]
+    as_str = {"videos": [{"video_id": v, "events": events} for v in ("1", "2")]}
+    as_int = {"videos": [{"video_id": int(v), "events": events} for v in ("1", "2")]}
+    pred = [[(3, 7)], [(3, 7)]]
+    want = LabelObjective(timeline, as_str, "mean").per_video("blood", pred)
+    assert np.array_equal(LabelObjective(timeline, as_int, "mean").per_video("blood", pred), want)
+    assert want.tolist() == [1.0, 1.0]

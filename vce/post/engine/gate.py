@@ -50,7 +50,9 @@ class LabelObjective:
 
     def __init__(self, timeline: Timeline, gt: dict, objective: str):
         self.video_ids = timeline.video_ids
-        by_id = {str(video["video_id"]): video for video in gt["videos"]}
+        # Ids as the timeline holds them (str): truth with integer ids (which the scorer accepts)
+        # would otherwise leave every video unscored, every AP 0, without an error.
+        by_id = {str(video["video_id"]): {**video, "video_id": str(video["video_id"])} for video in gt["videos"]}
         missing = [v for v in self.video_ids if v not in by_id]
         if missing:
             raise DataError(f"score engine: ground truth lacks video(s) {missing[:5]} present in the frame probabilities")
