@@ -375,3 +375,40 @@ def test_a_full_disk_names_the_file_that_failed_not_the_enclosing_one(tmp_path, 
             tmp_probs.write_text("probs")
             tmp_embeddings.write_text("embeddings")
     assert list(tmp_path.iterdir()) == []
+
+
+_KILLED_IN_STAGING = """
+import os, signal
+from pathlib import Path
+from vce.core.io import atomic_dir
+with atomic_dir(Path({demo!r})) as staging:
+    for i in range(50):
+        (staging / f"frame_{{i}}.png").write_text("half")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_a_killed_writer_staged_is_swept_by_the_next_write_beside_or_below(tmp_path):
+    """Issue 48, WEAK: a demo_data killed before its staged folder was renamed left
+    `data/.demo.<x>.dir` (10,812 files) forever: only a rerun of demo_data removed it, and DVC
+    restores `data/demo` from its run cache without one. Now any later write into `data/` or
+    a folder inside it (the index stage runs on every `dvc repro`) removes it; a live writer's
+    staging is kept. Mutation killed: no sweep (the staging stays)."""
+    import os
+    import subprocess
+    import sys
+
+    from vce.core.io import _owner, write_text
+
+    data = tmp_path / "data"
+    _own(data / "demo", {"galar/1/frame_000000.PNG": "old"})
+    run = subprocess.run([sys.executable, "-c", _KILLED_IN_STAGING.format(demo=str(data / "demo"))],
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True)
+    assert run.returncode == -9, run.stderr
+    (staged,) = [p for p in data.iterdir() if p.name.startswith(".demo.")]
+    assert len(list(staged.iterdir())) == 51
+    live = data / f".cache.{_owner()}-live.dir"  # this process's own: a live writer
+    live.mkdir()
+    write_text(data / "index" / "frames.parquet", "x")
+    assert sorted(p.name for p in data.iterdir()) == [live.name, "demo", "index"]
+    assert _contents(data / "demo") == {"galar/1/frame_000000.PNG": "old"}
