@@ -162,3 +162,19 @@ def test_preserving_gate_learns_from_the_first_step_and_costs_two_qk_projections
     assert extra == len(plain.blocks) * (2 * dim * dim + 2 * dim + 4 * (dim // 4) + 1)
     vit_b_block = 12 * 768 * 768
     assert 2 * 768 * 768 / vit_b_block == pytest.approx(0.167, abs=1e-3)  # the +16.7 % of the module doc
+
+
+def test_preserving_lambda_vectors_start_at_the_papers_random_init_and_learn():
+    """Issue 48, untested rule: λ vectors initialised to zero (`* 0.0`) would never leave zero
+    (∂λ/∂λq1 = exp(λq1·λk1)·λk1 = 0) and no test failed. They start normal with std 0.1 (the
+    paper's init) and each gets a gradient once the gate is open. Mutation killed: `* 0.0`."""
+    torch.manual_seed(0)
+    layer = PreservingDiffAttention(dim=256, num_heads=4, qkv_bias=True, proj_bias=True, attn_drop=0.0,
+                                    proj_drop=0.0, depth=3)
+    vectors = [layer.lambda_q1, layer.lambda_k1, layer.lambda_q2, layer.lambda_k2]
+    values = torch.cat([v.detach() for v in vectors])
+    assert len(values) == 4 * 64 and 0.07 < float(values.std()) < 0.13 and abs(float(values.mean())) < 0.03
+    with torch.no_grad():
+        layer.lambda_gate.fill_(1.0)  # the gate opened by training
+    layer(torch.randn(2, 9, 256)).square().sum().backward()
+    assert all(v.grad is not None and float(v.grad.abs().sum()) > 0 for v in vectors)
