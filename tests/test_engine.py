@@ -492,3 +492,26 @@ def test_label_objective_scores_ground_truth_with_integer_video_ids():
     want = LabelObjective(timeline, as_str, "mean").per_video("blood", pred)
     assert np.array_equal(LabelObjective(timeline, as_int, "mean").per_video("blood", pred), want)
     assert want.tolist() == [1.0, 1.0]
+
+
+def test_a_runs_region_is_that_of_its_middle_frame():
+    """Issue 48, untested rule: `compatible` reads the decoded region at the run's middle frame,
+    not its start or end (a run crossing a boundary belongs where most of it lies). Mutations
+    killed: path[starts], path[ends]."""
+    from vce.post.engine.candidates import compatible
+
+    path = np.array([0, 0, 1, 1, 1, 2, 2])
+    starts, ends = np.array([1, 0, 4]), np.array([5, 1, 6])  # middles 3, 0, 5
+    assert compatible(starts, ends, path, [1]).tolist() == [True, False, False]
+    assert compatible(starts, ends, path, [0, 2]).tolist() == [False, True, True]
+    assert compatible(starts, ends, None, [1]).tolist() == [True, True, True]
+
+
+def test_a_tie_between_cut_orders_keeps_the_first():
+    """Issue 48, untested rule: the documented first-wins tie of `cut_orders` (a later order must
+    score more than rounding better). Mutations killed: `>=`, no tolerance."""
+    from vce.post.engine.fit import beats
+
+    assert beats(0.5, None)
+    assert not beats(0.5, 0.5) and not beats(0.5 + 1e-13, 0.5)
+    assert beats(0.5 + 1e-9, 0.5) and not beats(0.4, 0.5)

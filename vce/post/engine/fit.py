@@ -94,6 +94,12 @@ def _read_findings(timeline: Timeline, gt: dict, params: EngineParams, seed: int
     return timeline, centres, labels, temperatures
 
 
+def beats(value: float, best: float | None) -> bool:
+    """Whether a candidate scoring `value` replaces the best so far: only by more than rounding,
+    so a tie keeps the first (the first `cut_orders` item, as documented)."""
+    return best is None or value > best + 1e-12
+
+
 def _fit_region_gates(timeline: Timeline, engine: Engine, path: np.ndarray, objective: LabelObjective,
                       params: EngineParams) -> dict:
     """The region gates again, now with the variants and the cut pieces appended, each region's
@@ -106,7 +112,7 @@ def _fit_region_gates(timeline: Timeline, engine: Engine, path: np.ndarray, obje
         for region in REGIONS:
             c = candidates[region]
             gate, value = fit_gate(c.evidence, objective.per_video(region, c.events), objective.silent(region))
-            if region not in best or value > best[region][1] + 1e-12:
+            if beats(value, best[region][1] if region in best else None):
                 best[region] = (gate, value, order, len(c.evidence))
     for region, (gate, value, order, n_videos) in best.items():
         tuning_ap = round(value / max(n_videos, 1), 4)
