@@ -489,3 +489,50 @@ def test_metadata_missing_a_video_or_listing_an_unknown_one_is_a_warning_naming_
     assert warnings["metadata_unknown_video"]["count"] == 1
     assert "lists video 77" in warnings["metadata_unknown_video"]["examples"][0]
     assert frames.loc[frames["video_id"] == "40", "capsule"].eq("").all()
+
+
+# ---------------------------------------------------------------- issue 48: untested rules
+
+@pytest.mark.parametrize("value", ["2.5", "7.25"])
+def test_a_fractional_frame_is_an_error_not_truncated(tmp_path, value):
+    """'2.5' must not become frame 2 silently. Mutation killed: dropping the round check."""
+    root = tmp_path / "galar"
+    table = write_video(root, "1", "1", 4).astype(object)
+    table.loc[1, "frame"] = value
+    table.to_csv(root / "Labels" / "1.csv", index=False)
+    with pytest.raises(ValueError, match=rf"^{root}/Labels/1.csv: column 'frame', line 3: value '{value}' is not an integer$"):
+        build_index(params(tmp_path))
+
+
+def test_max_missing_fraction_is_the_largest_fraction_still_allowed(tmp_path):
+    """200 listed frames at 0.01: 2 missing is a warning, 3 an error. Mutations killed: `>=`
+    (2 an error), a fraction of the files on disk instead of the listed frames."""
+    root = tmp_path / "galar"
+    write_video(root, "1", "1", 200)
+    for f in (0, 5):
+        (root / "1" / f"frame_{f:06d}.PNG").unlink()
+    frames, _, report = build_index(params(tmp_path))
+    assert len(frames) == 198 and warnings_of(report)["frame_missing_on_disk"]["count"] == 2
+    (root / "1" / "frame_000010.PNG").unlink()
+    with pytest.raises(ValueError, match=r"3 of 200 frames listed .* missing on disk"):
+        build_index(params(tmp_path))
+
+
+@pytest.mark.parametrize("index", [[0, 1, 2, 3], [0, 2, 1, 3], [0, 1, 1, 2]])
+def test_an_index_that_does_not_increase_with_frame_is_a_warning_naming_the_csv(tmp_path, index):
+    """The official truth is built in `index` units: an index out of frame order (or repeated)
+    misplaces events; a repeated one is refused as a duplicate first. Mutation killed: no warning."""
+    root = tmp_path / "galar"
+    table = write_video(root, "1", "1", 4)
+    table["index"] = index
+    table.to_csv(root / "Labels" / "1.csv", index=False)
+    if len(set(index)) < len(index):  # a repeated index is an error of its own (duplicates)
+        with pytest.raises(ValueError, match="index"):
+            build_index(params(tmp_path))
+        return
+    _, _, report = build_index(params(tmp_path))
+    found = warnings_of(report).get("index_not_increasing")
+    if index == sorted(index):
+        assert found is None
+    else:
+        assert found["examples"] == [f"{root}/Labels/1.csv: index does not increase with frame"]
