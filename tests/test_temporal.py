@@ -423,3 +423,19 @@ def test_choose_routes_takes_the_best_ap_and_gives_ties_and_empty_labels_to_fram
     np.testing.assert_array_equal(mixed[:, 0], temporal[:, 0])
     np.testing.assert_array_equal(mixed[:, 1], frame[:, 1])
     np.testing.assert_allclose(mixed[:, 2], (frame[:, 2] + temporal[:, 2]) / 2, rtol=1e-6)
+
+
+def test_invalid_frames_are_left_out_of_the_mean_embedding():
+    """Issue 48, untested rule: an undecodable frame's embedding (zeros, or garbage) must not move
+    the normalisation mean and spread that every valid frame is measured against. Mutation
+    killed: the mean over every row."""
+    frames, embeddings, labels, _ = synthetic_videos(2, 100, 8, seed=3)
+    valid = np.ones(len(frames), bool)
+    valid[::4] = False
+    garbage = embeddings.copy()
+    garbage[~valid] = 1e3  # what an undecodable frame's row may hold
+    params = section_params(TemporalParams, "temporal", hidden=8, dilations=[1, 2], steps=1, chunk_frames=64)
+    model, _ = train_temporal(build_sequences(frames, garbage, valid, labels), params, section_params(LossParams, "loss"),
+                              0, torch.device("cpu"))
+    assert np.allclose(model.mean.numpy(), embeddings[valid].mean(axis=0), atol=1e-5)
+    assert np.allclose(model.std.numpy(), embeddings[valid].std(axis=0) + 1e-6, atol=1e-5)
