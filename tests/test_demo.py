@@ -142,3 +142,20 @@ def test_bad_params_name_the_key():
         from_dict(DemoParams, {**repo_params()["demo"], "region_fractions": [1, 2]}, "demo")
     with pytest.raises(ParamsError, match=r"^demo.min_event_frames = 80: must be <= max_event_frames \(60\)$"):
         from_dict(DemoParams, {**repo_params()["demo"], "min_event_frames": 80}, "demo")
+
+
+def test_the_stage_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
+    """Issue 48, BUG 1: `stages.demo_data --out DIR` shares `atomic_dir`, which swapped a whole
+    folder in and removed the old one, a user's files with it. Refused in one line before any
+    frame is generated. Mutation killed: no mark check in `vce.core.io.check_folder_output`."""
+    from conftest import ROOT, load_stage
+
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "important.txt").write_text("a user's file")
+    argv = ["--params", str(ROOT / "params.yaml"), "--out", str(mine)]
+    assert load_stage("demo_data").main(argv) == 2
+    assert capsys.readouterr().err == (f"error: {mine}: exists and was not written by this tool (no .vce-output in it); "
+                                       "it would be replaced whole: name a new or empty folder, or remove it\n")
+    assert sorted(p.name for p in mine.iterdir()) == ["important.txt", "sub"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
