@@ -175,3 +175,19 @@ def test_a_non_utf8_or_symlinked_params_file(tmp_path, capsys):
     assert recipe.main(["seed", "--apply", str(link)]) == 0
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert yaml.safe_load(real.read_text()) == params_with(SEED)
+
+
+def test_the_readmes_apply_command_runs_as_typed(tmp_path):
+    """Issue 48: the README's `python -m vce.core.recipe seed --apply params.yaml`, in a shell,
+    in a folder holding the shipped params.yaml."""
+    import os
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    readme = (ROOT / "README.md").read_text()
+    command = "python -m vce.core.recipe seed --apply params.yaml"
+    assert command in readme
+    run = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == params_with(SEED)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
