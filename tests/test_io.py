@@ -398,7 +398,8 @@ def test_what_a_killed_writer_staged_is_swept_by_the_next_write_beside_or_below(
     import subprocess
     import sys
 
-    from vce.core.io import _owner, write_text
+    from vce.core.io import write_text
+    from vce.core.publish import owner as _owner
 
     data = tmp_path / "data"
     _own(data / "demo", {"galar/1/frame_000000.PNG": "old"})
