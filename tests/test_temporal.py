@@ -196,6 +196,26 @@ def test_stage_without_embeddings(workspace, capsys):
     assert re.search("post.probs = 'temporal' is refused: no frame embeddings.*predict.embeddings", capsys.readouterr().err)
 
 
+def test_frame_probabilities_fit_no_temporal_model(workspace, capsys):
+    """`dvc exp run -S post.probs=frame` ("no temporal model", README) still fitted one: minutes
+    of the demo's experiments for outputs nothing read. With embeddings present, the stage now
+    writes the empty contract files, no model and the reason, and nothing is fitted."""
+    from vce.infer.temporal import load_routes, load_temporal
+
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["post"]["probs"] = "frame"
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
+    assert run_stage(workspace) == 0
+    metrics = json.loads((workspace / "temporal.json").read_text())
+    assert metrics == {"enabled": False, "reason": metrics["reason"]} and "post.probs: frame" in metrics["reason"]
+    assert "train_frames" not in metrics  # what a fit writes
+    for split in ("val", "test"):
+        assert pq.read_table(workspace / "temporal" / f"{split}.parquet").num_rows == 0
+    assert load_temporal(workspace / "temporal.pt") is None
+    assert set(load_routes(workspace / "temporal.pt").values()) == {"frame"}
+    assert "disabled, post.probs: frame" in capsys.readouterr().out
+
+
 @pytest.fixture()
 def fold_workspace(workspace):
     """data/ensemble with 3 folds: every labelled video out of fold, train = val, a `fold` column."""
