@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
     from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
     from vce.data.index import DataParams
+    from vce.eval.explain import explain_labels
     from vce.eval.report import ReportParams, write_report
     from vce.post.events import EventParams
     from vce.post.thresholds import ThresholdParams
@@ -102,22 +103,29 @@ def main(argv=None) -> int:
         test_events = read_json(args.test_events, "test events")
         test_events = {"videos": [video for video in test_events["videos"] if video["video_id"] in known]}
         sets.append(_scored_set("test", test_probs, index, test_gt, test_events))
+    saved = read_json(args.thresholds, "thresholds")
+    route = read_json(args.route, "routes") if Path(args.route).is_file() else None
+    # 1. One explanation per label (route, decision, events, why silent), made once: the report and the viewer show it.
+    events_used = saved.get("events") or configured_events
+    n_tuning = probs["video_id"].nunique()
+    explained = explain_labels(saved, sets[0].probs, sets[0].prediction, (route or {}).get("routes"), n_tuning,
+                               min_gain, events_used)
     results = write_report(
         y_true=labels[valid],
         y_prob=probs[list(LABELS)].to_numpy()[valid],
         sets=sets,
-        saved_thresholds=read_json(args.thresholds, "thresholds"),
+        saved_thresholds=saved,
         probs_source=source,
         configured_events=configured_events,
         params=params,
         plots_dir=args.plots_dir,
         report_path=args.report,
-        route=read_json(args.route, "routes") if Path(args.route).is_file() else None,
+        route=route,
+        explained=explained,
     )
-    saved = read_json(args.thresholds, "thresholds")
     viewer = write_viewer(args.viewer_dir, _viewer_sets(args, data, source, sets[0], test_gt), saved, params.viewer,
-                          n_tuning_videos=probs["video_id"].nunique(), min_gain_sqrt_videos=min_gain,
-                          events=saved.get("events") or configured_events)
+                          n_tuning_videos=n_tuning, min_gain_sqrt_videos=min_gain, events=events_used,
+                          routes=(route or {}).get("routes"), explained={"validation": explained})
     for r in results:
         print(f"report: {r.scored.name:<10}  mAP@0.5 = {r.score['map@0.5']:.4f}   mAP@0.95 = {r.score['map@0.95']:.4f}"
               f"   empty submission = {r.empty['map@0.5']:.4f}")

@@ -82,15 +82,18 @@ def known_test_truth(events_path: str, test_gt: str | None, held_out) -> tuple[d
     from vce.post.events import labels_to_submission
     from vce.post.timeline import labels_on_time
     held_gt = labels_to_submission(labels_on_time(held_out)) if held_out is not None and len(held_out) else None
-    if test_gt is None and held_gt is None:
+    if held_gt is None and test_gt is None and not Path(events_path).is_file():
         return None, None
     prediction = read_json(events_path, "test events")
+    if held_gt is None and not prediction["videos"]:
+        # No test set: the empty submission is the expected output, said once rather than left to be found.
+        unused = f"; score.test_gt ({test_gt}) is not used: the test set is not scored" if test_gt else ""
+        print(f"note: the test submission {events_path} holds no video: no data.test_root video (null?) and "
+              f"no split.test_videos held out{unused}", file=sys.stderr)
+        return None, None
+    if test_gt is None and held_gt is None:
+        return None, None
     if held_gt is None:
-        if not prediction["videos"]:
-            # No test set (data.test_root: null): there is nothing to hold against score.test_gt.
-            print(f"warning: score.test_gt is {test_gt} but the test submission holds no video "
-                  "(data.test_root: null?): the test set is not scored", file=sys.stderr)
-            return None, None
         truth = read_json(test_gt, "score.test_gt")
     else:
         held = {video["video_id"] for video in held_gt["videos"]}

@@ -9,9 +9,11 @@ refined and of the frame model's probabilities, the cross-fit groups), `metrics/
 routes, read by `vce.infer.detect`). With `post.probs: auto` the written probabilities are
 each label's routed ones (frame, temporal or their mean); with `temporal` the model's own.
 
-Without embeddings (`predict.embeddings: false`) or with one validation video (no cross-fit
-possible), `post.probs: temporal` is an error; `auto` writes the frame model's probabilities
-(every label routed to frame, the reason in metrics/route.json); `frame` writes empty files.
+With `post.probs: frame` nothing downstream reads a temporal model, so none is fitted: the stage
+writes empty files and says so in metrics/temporal.json (`dvc exp run -S post.probs=frame` costs
+no temporal fit). Without embeddings (`predict.embeddings: false`) or with one validation video
+(no cross-fit possible), `post.probs: temporal` is an error and `auto` writes the frame model's
+probabilities (every label routed to frame, the reason in metrics/route.json).
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def main(argv=None) -> int:
     missing = missing_embeddings(predict_dir)
     began = time.perf_counter()
     fitted, reason = None, None
-    if missing:
+    if source == "frame":
+        reason = "post.probs: frame reads the frame model's probabilities, so no temporal model is fitted"
+    elif missing:
         reason = f"no frame embeddings ({', '.join(missing)}): set predict.embeddings: true"
     else:
         try:

@@ -48,6 +48,17 @@ def section_params(cls, section: str, **overrides):
     return load_section(ROOT / "params.yaml", section, cls, **overrides)
 
 
+def route_rule_of(seed: int = 0, **overrides):
+    """`vce.infer.route.RouteRule` of the repository's params.yaml `post` section with `overrides`
+    (RouteRule has no defaults: params.yaml is their one source)."""
+    import dataclasses
+
+    from vce.core.params import PostParams
+    from vce.infer.temporal_fit import route_rule
+
+    return dataclasses.replace(route_rule(section_params(PostParams, "post"), seed), **overrides)
+
+
 def write_params(path, **sections) -> Path:
     """Write the repository's params.yaml to `path` with per-section key overrides."""
     params = repo_params()

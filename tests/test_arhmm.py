@@ -28,7 +28,8 @@ from vce.post.arhmm import (
 from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
 from vce.post.engine.candidates import hysteresis_runs, run_candidates
 from vce.post.engine.regions import label_truth
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
+from vce.post.timeline import build_timeline
 
 BLOOD = LABELS.index("blood")
 

@@ -21,7 +21,8 @@ from vce.post.engine.findings import _detector_family, _held_out_value, ar_model
 from vce.post.engine.policies import RunsPolicy
 from vce.post.engine.quantile_runs import video_quantile_mask
 from vce.post.engine.regions import label_truth
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
+from vce.post.timeline import build_timeline
 
 
 def _policy(detector: str) -> RunsPolicy:

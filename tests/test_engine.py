@@ -17,8 +17,9 @@ from vce.post.engine.fit import select_videos
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.regions import learn_durations, region_truth
 from vce.post.engine.variants import FROM_END, FROM_START, RUN, learn_anchors, learn_variants
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
 from vce.post.thresholds import ThresholdParams
+from vce.post.timeline import build_timeline
 
 # ----------------------------------------------------------------------------- the scorer property
 

@@ -24,8 +24,9 @@ from vce.post.engine.landmarks import (
 )
 from vce.post.engine.policies import BoundaryPolicy, RunsPolicy
 from vce.post.engine.regions import region_truth
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
 from vce.post.thresholds import ThresholdParams
+from vce.post.timeline import build_timeline
 
 STOMACH, SMALL_INTESTINE = REGIONS.index("stomach"), REGIONS.index("small intestine")
 PYLORUS = LABEL_INDEX["pylorus"]

@@ -15,7 +15,8 @@ from vce.post.engine.candidates import run_candidates
 from vce.post.engine.findings import presence_weighting
 from vce.post.engine.gate import _fit_weighted_logistic, fit_presence_model, presence_inputs, presence_score
 from vce.post.engine.regions import label_truth
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
+from vce.post.timeline import build_timeline
 
 POLYP = LABELS.index("polyp")
 

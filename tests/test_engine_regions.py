@@ -10,7 +10,8 @@ from vce.core.labels import LABELS, REGIONS
 from vce.eval.score import score
 from vce.post.engine.gate import LabelObjective
 from vce.post.engine.regions import decode, phase_regions, region_emissions, region_log_prior, region_truth
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
+from vce.post.timeline import build_timeline
 
 IDENTITY = np.eye(len(REGIONS)).tolist()  # calibration that reads the region probabilities as they are
 LEVEL = [0.0] * len(REGIONS)

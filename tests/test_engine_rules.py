@@ -12,7 +12,7 @@ from vce.post.engine.candidates import _pieces, anchored_candidates, region_cand
 from vce.post.engine.fit import select_videos
 from vce.post.engine.gate import fit_presence_model
 from vce.post.engine.variants import RUN, learn_anchors, learn_variants
-from vce.post.events import build_timeline
+from vce.post.timeline import build_timeline
 
 POLYP = LABELS.index("polyp")
 PATH_REGIONS = np.repeat([0, 1, 2, 3, 4], [10, 10, 30, 40, 10])  # the small intestine starts at 50

@@ -216,7 +216,8 @@ def test_xlsx_bytes_repeat_for_the_same_events(tmp_path):
 def test_median_window_wider_than_the_whole_timeline():
     """An empty test set (or a timeline built with a smaller reach) is shorter than the window:
     no exception, and the clipped window still takes the majority of what it sees."""
-    from vce.post.events import build_timeline, smooth_runs
+    from vce.post.events import smooth_runs
+    from vce.post.timeline import build_timeline
 
     empty = build_timeline(pd.DataFrame({"video_id": [], "t": [], **{label: [] for label in LABELS}}), max_reach=3)
     starts, ends = smooth_runs(empty, np.zeros(len(empty.observed), bool), 15, 7, 1)
@@ -267,8 +268,8 @@ def test_the_reach_a_timeline_needs_is_the_longest_half_window_or_gap_fill():
 
 
 def test_a_timeline_with_other_probabilities_forgets_the_old_ones_caches():
-    from vce.post.events import build_timeline
     from vce.post.runs import mean_probs
+    from vce.post.timeline import build_timeline
 
     timeline = build_timeline(frames(10, polyp=np.full(10, 0.2)), max_reach=1)
     k = LABELS.index("polyp")

@@ -11,9 +11,10 @@ from vce.core.labels import LABELS, REGIONS
 from vce.eval.score import score
 from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
 from vce.post.engine.candidates import head_candidates
-from vce.post.events import build_timeline, labels_to_submission
+from vce.post.events import labels_to_submission
 from vce.post.head import ESOPHAGUS, MOUTH, head_lengths, head_posterior, head_profiles, length_prior, ranked_cells
 from vce.post.thresholds import ThresholdParams
+from vce.post.timeline import build_timeline
 
 # ----------------------------------------------------------------------------- the posterior
 

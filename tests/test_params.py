@@ -119,9 +119,16 @@ def test_no_params_class_has_a_default():
 # ----------------------------------------------------------------------------- (a) every key required
 
 
-@pytest.mark.parametrize(("section", "path"), ALL_KEYS, ids=[f"{s}.{p}" for s, p in ALL_KEYS])
-def test_missing_key_is_named(section, path):
-    assert one_error(section, edited(section, path)) == f"missing key {section}.{path} in params"
+def test_every_missing_key_is_named():
+    """One rule, every key of every section (nested ones too): removing it is one line naming it.
+    The keys are looped in one test, not one test each: the rule is one, the cost is the check's."""
+    assert ("train", "augment.rotation") in ALL_KEYS and len(ALL_KEYS) > 200
+    wrong = {}
+    for section, path in ALL_KEYS:
+        message = one_error(section, edited(section, path))
+        if message != f"missing key {section}.{path} in params":
+            wrong[f"{section}.{path}"] = message
+    assert wrong == {}
 
 
 @pytest.mark.parametrize(("stage", "key"), [
@@ -185,12 +192,15 @@ def test_float_knobs_are_found():
     assert len(FLOAT_KEYS) >= 40
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
-@pytest.mark.parametrize(("section", "path"), FLOAT_KEYS, ids=[f"{s}.{p}" for s, p in FLOAT_KEYS])
-def test_non_finite_float_is_refused_naming_the_key(section, path, value):
-    message = one_error(section, edited(section, path, value))
-    assert message.startswith(f"{section}.{path} = ")
-    assert message.endswith("must be a finite number")
+def test_every_non_finite_float_is_refused_naming_the_key():
+    """inf, -inf and nan in every float field (nested ones too), looped in one test."""
+    wrong = {}
+    for section, path in FLOAT_KEYS:
+        for value in (float("inf"), float("-inf"), float("nan")):
+            message = one_error(section, edited(section, path, value))
+            if not (message.startswith(f"{section}.{path} = ") and message.endswith("must be a finite number")):
+                wrong[f"{section}.{path} = {value}"] = message
+    assert wrong == {}
 
 
 @pytest.mark.parametrize(("section", "path"), [
@@ -361,24 +371,38 @@ def stage_sections() -> list[tuple[str, str]]:
     return sorted(set(pairs))
 
 
+def _ends(paths: list[str]) -> list[str]:
+    return list(dict.fromkeys([paths[0], paths[-1]]))
+
+
+# The first and the last key of each section a stage reads (the last one nested where the section
+# nests: `train.augment.load_scale`). Every key of a section is named when missing by the section's
+# class (test_every_missing_key_is_named); what a stage adds is that it validates each section it
+# reads with that class before any work, which its ends show: a stage skipping a section misses
+# both, and one reading a section with a narrower class refuses the repository's file (unknown
+# key) in every end-to-end test. (Issue 13's acceptance looped all 620 pairs: 60 s of CI.)
 STAGE_KEYS = [(stage, section, path) for stage, section in stage_sections()
-              for path in key_paths(repo_params()[section])]
+              for path in _ends(key_paths(repo_params()[section]))]
 
 
 def test_every_stage_section_is_covered():
     assert ("train", "train") in stage_sections() and ("thresholds", "post") in stage_sections()
-    assert len(STAGE_KEYS) > 150
+    assert ("train", "train", "augment.load_scale") in STAGE_KEYS and len(STAGE_KEYS) > 100
 
 
-@pytest.mark.parametrize(("stage", "section", "path"), STAGE_KEYS,
-                         ids=[f"{stage}:{section}.{path}" for stage, section, path in STAGE_KEYS])
-def test_removing_any_key_a_stage_reads_exits_2_naming_it(tmp_path, capsys, stage, section, path):
+def test_removing_a_key_of_any_section_a_stage_reads_exits_2_naming_it(tmp_path, capsys):
     """The acceptance of issue 13: every input path points nowhere, so only the params check runs."""
-    params = repo_params()
-    params[section] = edited(section, path)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    assert load_stage(stage).main(["--params", str(tmp_path / "params.yaml")]) == 2
-    assert f"error: missing key {section}.{path} in params" in capsys.readouterr().err
+    wrong = {}
+    path_yaml = tmp_path / "params.yaml"
+    for stage, section, path in STAGE_KEYS:
+        params = repo_params()
+        params[section] = edited(section, path)
+        path_yaml.write_text(yaml.safe_dump(params))
+        code = load_stage(stage).main(["--params", str(path_yaml)])
+        err = capsys.readouterr().err
+        if code != 2 or f"error: missing key {section}.{path} in params" not in err:
+            wrong[f"{stage}:{section}.{path}"] = (code, err[-200:])
+    assert wrong == {}
 
 
 # ----------------------------------------------------------------------------- YAML edge cases (issue 32)

@@ -16,6 +16,7 @@ from viewer_check import check_viewer
 
 from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import ParamsError, from_dict
+from vce.eval.explain import explain_labels
 from vce.eval.frame_metrics import frame_metrics
 from vce.eval.plots import curve_table, f1_at, offline_template, pr_curves, roc_curves, thin_indices
 from vce.eval.report import ReportParams, ScoredSet, empty_submission, write_report
@@ -80,7 +81,9 @@ def _report_inputs(tmp_path, seed: int = 0):
              "events": {"style": "tuple", "median_window": 7, "presence_threshold": 0.7,
                         "per_label": {"blood": {"presence_threshold": 0.0}}}}
     validation = ScoredSet("validation", gt, _prediction(gt), _probs_table(frames, y_prob), {"7": "index", "12": "index"})
+    explained = explain_labels(saved, validation.probs, validation.prediction, None, 2, 0.158, saved["events"])
     return dict(y_true=y_true, y_prob=y_prob, sets=[validation], saved_thresholds=saved, probs_source="temporal",
+                route=None, explained=explained,
                 configured_events={"style": "tuple", "median_window": 7, "presence_threshold": 0.9},
                 params=section_params(ReportParams, "report", **TINY), plots_dir=tmp_path / "plots", report_path=tmp_path / "metrics" / "report.md")
 
@@ -342,7 +345,13 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     test_gt = labels_to_submission(labels_on_time(frames[frames["video_id"] == "12"].assign(event_unit="frame")))
     (tmp_path / "test_gt.json").write_text(json.dumps(test_gt))
     (tmp_path / "submission.json").write_text(json.dumps(empty_submission(test_gt)))
-    (tmp_path / "thresholds.json").write_text(json.dumps({"method": "f1", "thresholds": {k: 0.5 for k in LABELS}}))
+    # The engine decides three labels (two switched off, one region gated off), the thresholds the rest.
+    engine = {"policies": {"polyp": {"kind": "off", "tuning_ap": 1.0},
+                           "z-line": {"kind": "off", "tuning_ap": 0.5, "shadow": {"detector": "threshold", "threshold": 0.4,
+                                                                                  "median_window": 1, "min_length": 1}},
+                           "colon": {"kind": "off", "tuning_ap": 1.0}}}
+    (tmp_path / "thresholds.json").write_text(json.dumps({"method": "engine", "thresholds": {k: 0.5 for k in LABELS},
+                                                          "engine": engine}))
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["report"] = {**params["report"], **TINY, "timeline_dpi": 40}
     params["data"].update(root=str(tmp_path / "root"), test_root=str(tmp_path / "root"))
@@ -365,8 +374,30 @@ def test_stage_main_writes_validation_and_test(tmp_path):
     assert (tmp_path / "plots" / "timelines" / "validation_12.png").is_file()
     assert (tmp_path / "plots" / "timelines" / "test_12.png").is_file()
     assert "### Test video 12" in text
+    _same_silence_in_report_and_viewer(text, (tmp_path / "viewer" / "index.html").read_text())
     counts = check_viewer(tmp_path / "viewer", {"validation": (gt, gt), "test": (empty_submission(test_gt),) * 2})
     assert counts["events"] == sum(len(e["label"]) for v in gt["videos"] for e in v["events"]) and counts["thumbnails"]
+
+
+def _same_silence_in_report_and_viewer(report: str, index: str) -> None:
+    """Issue 52: report.md and the viewer gave a silent label different stories (a threshold of
+    0.51 in one, `engine: off` in the other). Every label the viewer's validation table calls
+    silent has the same route, decision and reason in report.md, and no other label is silent there."""
+    import html
+    import re
+
+    section = index[index.index('id="set-validation"'):]
+    section = section[:section.index("<h2", 10)] if "<h2" in section[10:] else section
+    viewer = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", section):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td>(.*?)</td>", row)]
+        if len(cells) == 11 and cells[-1]:
+            viewer[cells[0]] = cells[1:3] + [cells[-1]]
+    assert viewer, "no silent label in the viewer"
+    for label, (route, decision, reason) in viewer.items():
+        assert f"- **{label}** (route {route}; {decision}): {reason}." in report, label
+    listed = report[report.index("**Silent labels**"):].split("\n\n")[1]
+    assert len(listed.splitlines()) == len(viewer)
 
 
 def test_offline_template_inlines_the_scripts_and_keeps_the_placeholder(tmp_path):

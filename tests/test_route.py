@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+from conftest import route_rule_of
 from sklearn.metrics import average_precision_score
 
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS, REGIONS
-from vce.infer.route import RouteRule, average_precision, bootstrap_blocks, choose_routes
+from vce.infer.route import average_precision, bootstrap_blocks, choose_routes
 
 
 def test_weighted_average_precision_is_scikit_learns_with_ties_and_weights():
@@ -20,12 +21,12 @@ def test_weighted_average_precision_is_scikit_learns_with_ties_and_weights():
 
 def test_bootstrap_blocks_stay_inside_a_video_and_draw_as_many_blocks_as_there_are():
     videos = np.repeat(["a", "b", "c"], [7, 12, 3])
-    block, counts = bootstrap_blocks(videos, RouteRule(block_frames=5, replicates=50, seed=3))
+    block, counts = bootstrap_blocks(videos, route_rule_of(block_frames=5, replicates=50, seed=3))
     # a: 5 + 2, b: 5 + 5 + 2, c: 3 → 6 blocks, numbered in row order
     assert block.tolist() == [0] * 5 + [1] * 2 + [2] * 5 + [3] * 5 + [4] * 2 + [5] * 3
     assert counts.shape == (50, 6) and (counts.sum(axis=1) == 6).all()
-    np.testing.assert_array_equal(counts, bootstrap_blocks(videos, RouteRule(block_frames=5, replicates=50, seed=3))[1])
-    assert not np.array_equal(counts, bootstrap_blocks(videos, RouteRule(block_frames=5, replicates=50, seed=4))[1])
+    np.testing.assert_array_equal(counts, bootstrap_blocks(videos, route_rule_of(block_frames=5, replicates=50, seed=3))[1])
+    assert not np.array_equal(counts, bootstrap_blocks(videos, route_rule_of(block_frames=5, replicates=50, seed=4))[1])
 
 
 LUCKY, BROAD = LABEL_INDEX["blood"], LABEL_INDEX["ulcer"]  # findings: each label its own route
@@ -57,23 +58,23 @@ def _one_lucky_video(n_videos: int = 20, per_video: int = 100):
 def test_a_gain_resting_on_one_video_stays_on_frame_a_broad_gain_moves():
     labels, frame, temporal, videos = _one_lucky_video()
     lucky, broad = LABELS[LUCKY], LABELS[BROAD]
-    plain = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, replicates=0))
+    plain = choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, replicates=0))
     lucky_gain = plain.evidence[lucky]["temporal_ap"] - plain.evidence[lucky]["frame_ap"]
     assert lucky_gain > 0.03 and plain.routes[lucky] != "frame"  # the plain gain clears the margin ...
-    boot = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100))
+    boot = choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, block_frames=100))
     assert boot.routes[lucky] == "frame"  # ... its bootstrap lower bound does not
     assert boot.evidence[lucky]["temporal_gain_low"] <= 0.02
     assert boot.routes[broad] == "temporal" and boot.evidence[broad]["temporal_gain_low"] > 0.02
     assert all(boot.routes[label] == "frame" for label in LABELS if label != broad)  # no positive: frame
     # the median replicate is about the observed gain: the lower quantile is what holds it back
-    median = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, confidence=0.5, block_frames=100))
+    median = choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, confidence=0.5, block_frames=100))
     assert median.routes[lucky] != "frame"
 
 
 @pytest.mark.parametrize("min_gain, moves", [(0.0, True), (0.5, False)])
 def test_the_margin_is_the_gain_a_route_must_clear(min_gain, moves):
     labels, frame, temporal, videos = _one_lucky_video()
-    choice = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=min_gain, block_frames=100))
+    choice = choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=min_gain, block_frames=100))
     low = choice.evidence[LABELS[BROAD]]["temporal_gain_low"]
     assert 0.0 < low < 0.5 and (choice.routes[LABELS[BROAD]] == "temporal") == moves
 
@@ -95,19 +96,19 @@ def _regions(colon_lift: float, stomach_lift: float):
 
 
 def test_the_regions_share_one_route_chosen_on_their_mean_gain():
-    rule = RouteRule(min_gain=0.02, block_frames=100)
+    rule = route_rule_of(min_gain=0.02, block_frames=100)
     labels, frame, temporal, videos = _regions(colon_lift=6, stomach_lift=1.5)  # stomach: equal on average
     grouped = choose_routes(labels, frame, temporal, videos, rule)
     shared = {grouped.routes[label] for label in REGIONS}  # mouth, no positive, goes along
     assert len(shared) == 1 and shared != {"frame"}
     assert grouped.evidence["colon"]["route_group"] == "regions"
-    alone = choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+    alone = choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, block_frames=100,
                                                                      regions_together=False))
     assert alone.routes["colon"] == "temporal" and alone.routes["mouth"] == "frame"
     # the mean, not the best member: a stomach the temporal route ranks backwards holds the group back
     labels, frame, temporal, videos = _regions(colon_lift=6, stomach_lift=-6)
     assert {choose_routes(labels, frame, temporal, videos, rule).routes[label] for label in REGIONS} == {"frame"}
-    assert choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+    assert choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, block_frames=100,
                                                                     regions_together=False)).routes["colon"] == "temporal"
 
 
@@ -115,7 +116,7 @@ def test_invalid_rows_are_left_out_of_the_evidence_and_the_bootstrap():
     labels, frame, temporal, videos = _one_lucky_video()
     gapped = temporal.copy()
     gapped[:50] = np.nan  # invalid frames: NaN in every label
-    rule = RouteRule(min_gain=0.02, block_frames=100)
+    rule = route_rule_of(min_gain=0.02, block_frames=100)
     choice = choose_routes(labels, frame, gapped, videos, rule)
     kept = choose_routes(labels[50:], frame[50:], temporal[50:], videos[50:], rule)
     assert choice.evidence == kept.evidence and choice.routes == kept.routes
@@ -142,18 +143,18 @@ def _one_event(n_videos: int = 20, per_video: int = 100, events: int = 1):
 @pytest.mark.parametrize("events, moves", [(1, False), (4, False), (5, True), (8, True)])
 def test_a_gain_on_fewer_positive_blocks_than_the_minimum_is_no_evidence(events, moves):
     labels, frame, temporal, videos = _one_event(events=events)
-    rule = RouteRule(min_gain=0.02, block_frames=100)
+    rule = route_rule_of(min_gain=0.02, block_frames=100)
     choice = choose_routes(labels, frame, temporal, videos, rule)
     evidence = choice.evidence["hematin"]
     assert evidence["positive_blocks"] == events
     assert evidence["temporal_ap"] - evidence["frame_ap"] > 0.5  # a large observed gain either way
     assert (choice.routes["hematin"] != "frame") == moves
     # one event: the bootstrap alone, over the replicates that draw it, passes it
-    assert choose_routes(labels, frame, temporal, videos, RouteRule(min_gain=0.02, block_frames=100,
+    assert choose_routes(labels, frame, temporal, videos, route_rule_of(min_gain=0.02, block_frames=100,
                                                                     min_positive_blocks=1)).routes["hematin"] != "frame"
     # a block stops at its video's end: blocks longer than a video still count one per video
     assert choose_routes(labels, frame, temporal, videos,
-                         RouteRule(block_frames=200)).evidence["hematin"]["positive_blocks"] == events
+                         route_rule_of(block_frames=200)).evidence["hematin"]["positive_blocks"] == events
     # ... and two events in one block are one
     assert choose_routes(labels, frame, temporal, np.zeros(len(labels)),
-                         RouteRule(block_frames=10_000)).evidence["hematin"]["positive_blocks"] == 1
+                         route_rule_of(block_frames=10_000)).evidence["hematin"]["positive_blocks"] == 1

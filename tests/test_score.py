@@ -184,8 +184,8 @@ def test_fast_equals_reference(gt_a, gt_b, pred_a, pred_b):
         ({"videos": [{"video_id": "v", "events": [{"start": True, "end": 3, "label": ["mouth"]}]}]}, "'start' must be an integer"),
         ({"videos": [{"video_id": "v", "events": [{"start": 1, "end": 3, "label": "mouth"}]}]}, "'label' must be a list"),
         (sub(("v", [(1, 3, ["mouth"]), (4, 5, ["Polyp"])])), "video 'v' event #1: unknown label(s) ['Polyp']"),
-        ({"videos": [{"video_id": True, "events": []}]}, "video #0: video_id True must be a string"),
-        ({"videos": [{"video_id": 1.5, "events": []}]}, "video #0: video_id 1.5 must be a string"),
+        ({"videos": [{"video_id": True, "events": []}]}, "video #0: video_id True must be a string or an integer"),
+        ({"videos": [{"video_id": 1.5, "events": []}]}, "video #0: video_id 1.5 must be a string or an integer"),
     ],
 )
 def test_check_submission_names_the_problem(bad, message):

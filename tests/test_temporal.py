@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import repo_params, section_params
+from conftest import repo_params, route_rule_of, section_params
 
 from stages import temporal as temporal_stage
 from stages import thresholds as thresholds_stage
@@ -194,6 +194,26 @@ def test_stage_without_embeddings(workspace, capsys):
     (workspace / "temporal_params.yaml").write_text(yaml.safe_dump(params))
     assert run_stage(workspace, params="temporal_params.yaml") == 2
     assert re.search("post.probs = 'temporal' is refused: no frame embeddings.*predict.embeddings", capsys.readouterr().err)
+
+
+def test_frame_probabilities_fit_no_temporal_model(workspace, capsys):
+    """`dvc exp run -S post.probs=frame` ("no temporal model", README) still fitted one: minutes
+    of the demo's experiments for outputs nothing read. With embeddings present, the stage now
+    writes the empty contract files, no model and the reason, and nothing is fitted."""
+    from vce.infer.temporal import load_routes, load_temporal
+
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["post"]["probs"] = "frame"
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
+    assert run_stage(workspace) == 0
+    metrics = json.loads((workspace / "temporal.json").read_text())
+    assert metrics == {"enabled": False, "reason": metrics["reason"]} and "post.probs: frame" in metrics["reason"]
+    assert "train_frames" not in metrics  # what a fit writes
+    for split in ("val", "test"):
+        assert pq.read_table(workspace / "temporal" / f"{split}.parquet").num_rows == 0
+    assert load_temporal(workspace / "temporal.pt") is None
+    assert set(load_routes(workspace / "temporal.pt").values()) == {"frame"}
+    assert "disabled, post.probs: frame" in capsys.readouterr().out
 
 
 @pytest.fixture()
@@ -403,7 +423,7 @@ def test_auto_writes_each_labels_route_and_is_never_worse_than_frame_on_the_evid
 
 
 def test_choose_routes_takes_the_best_ap_and_gives_ties_and_empty_labels_to_frame():
-    from vce.infer.route import RouteRule, choose_routes, mix
+    from vce.infer.route import choose_routes, mix
 
     rng = np.random.default_rng(0)
     labels = np.zeros((400, NUM_LABELS), np.uint8)
@@ -416,7 +436,7 @@ def test_choose_routes_takes_the_best_ap_and_gives_ties_and_empty_labels_to_fram
     frame[:, 2], temporal[:, 2] = (truth[:, 2] + rng.normal(0, 0.8, 400) for _ in range(2))  # independent errors
     # label 3: identical probabilities, a three-way tie
     frame, temporal = frame.astype(np.float32), temporal.astype(np.float32)
-    choice = choose_routes(labels, frame, temporal, rule=RouteRule(min_gain=0.02, block_frames=10, regions_together=False))
+    choice = choose_routes(labels, frame, temporal, None, rule=route_rule_of(min_gain=0.02, block_frames=10, regions_together=False))
     assert [choice.routes[LABELS[k]] for k in range(4)] == ["temporal", "frame", "blend", "frame"]
     assert all(choice.routes[label] == "frame" and choice.evidence[label]["frame_ap"] is None for label in LABELS[4:])
     mixed = mix(frame, temporal, choice.routes)

@@ -238,6 +238,21 @@ def test_score_without_any_known_test_truth_writes_no_test_score(score_inputs):
     assert json.loads((out / "test_gt.json").read_text()) == {"videos": []}
 
 
+def test_an_empty_submission_without_a_test_set_is_said_in_one_line(score_inputs, capsys, tmp_path):
+    """`data.test_root: null` without held-out videos writes an empty submission: the score stage
+    says so (it used to pass in silence when score.test_gt was null too)."""
+    run, *_ = score_inputs
+    (tmp_path / "empty.json").write_text(json.dumps({"videos": []}))
+    for test_gt in (None, "root_gt.json"):
+        code, out = run(test_gt, held_out=False, events="empty.json")
+        assert code == 0 and json.loads((out / "test.json").read_text()) == {}
+        notes = [line for line in capsys.readouterr().err.splitlines() if "holds no video" in line]
+        assert len(notes) == 1 and "empty.json" in notes[0] and "data.test_root" in notes[0], notes
+        assert ("the test set is not scored" in notes[0]) == (test_gt is not None)
+    run(None, held_out=False)  # a submission with videos: nothing to say
+    assert "holds no video" not in capsys.readouterr().err
+
+
 def test_a_submission_without_the_held_out_videos_is_an_error(score_inputs, capsys):
     """The official check: the test events must hold exactly the videos of the known truth."""
     run, *_ = score_inputs

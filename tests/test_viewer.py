@@ -14,11 +14,11 @@ from PIL import Image
 from viewer_check import check_viewer, parse
 
 from vce.core.labels import LABEL_INDEX, LABELS
+from vce.eval.explain import decision, drawn_threshold, silence_reason
 from vce.eval.report import ReportParams, ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches
 from vce.eval.timelines import ranked_hits_ap
 from vce.viewer.build import ViewerSet, trace_bins, write_viewer
-from vce.viewer.silence import decision, drawn_threshold, silence_reason
 from vce.viewer.thumbnails import Request, event_frames, plan_thumbnails
 
 GT = {"videos": [

@@ -25,6 +25,7 @@ from vce.core.errors import DataError, ParamsError
 from vce.core.io import atomic_path, safe_file_name, write_text
 from vce.core.labels import LABELS
 from vce.core.params import Section
+from vce.eval.explain import ABSENT_RULE
 from vce.eval.frame_metrics import frame_metrics
 from vce.eval.plots import curve_table, per_class_table
 from vce.eval.score import THRESHOLDS, score
@@ -154,7 +155,7 @@ def _route_line(route: dict | None) -> list[str]:
 
 
 def _events_section(saved: dict, probs_source: str, configured_events: dict | None,
-                    route: dict | None = None) -> list[str]:
+                    route: dict | None, explained: dict) -> list[str]:
     """Which probabilities and which (tuned) knobs made the events, from models/thresholds.json."""
     tuned_on = saved.get("probs")
     parts = [
@@ -166,14 +167,19 @@ def _events_section(saved: dict, probs_source: str, configured_events: dict | No
            f". **Mismatch**: the thresholds were tuned on `{tuned_on}` probabilities: rerun the thresholds stage."),
         *_route_line(route),
         f"- **Thresholds**: method `{saved.get('method', '?')}` (`thresholds.method`), one per label in the "
-        "per-class table; a frame fires a label when its probability reaches the label's threshold.",
+        "per-class table; a frame fires a label when its probability reaches the label's threshold."
+        + (" With the score engine the column *decided by* is what makes the events (a policy per label: "
+           "thresholded runs, a region path, an anchor, or off); the *threshold* column is then the frame-F1 "
+           "threshold, behind the F1 column only." if saved.get("engine") else ""),
     ]
     off = [label for label, value in saved["thresholds"].items() if float(value) > 1.0]
+    engine_off = [label for label, row in explained.items() if row["decision"] == "engine: off"]
     parts.append(
         "- **Threshold off** (a value above 1, `thresholds.off_threshold`, e.g. 1.01): no probability reaches it, "
         "so the label never fires and emits no event. The thresholds stage sets it for labels without "
         "validation positives or where emitting nothing scores best (AP 1 in every video without that label). "
-        f"Off here: {', '.join(off) if off else 'none'}.")
+        f"Off here: {', '.join(off) if off else 'none'}."
+        + (f" Engine policy off (silent by the engine's choice): {', '.join(engine_off)}." if engine_off else ""))
     events = saved.get("events")
     if events:
         parts += ["- **Event knobs** (`models/thresholds.json` `events`, what the events stage used; "
@@ -220,11 +226,10 @@ def label_counts(result: SetResult) -> dict[str, dict]:
     return counts
 
 
-def _per_class_section(table: pd.DataFrame, counts: dict, route: dict | None = None) -> list[str]:
-    routes = (route or {}).get("routes", {})
-    rows = [[row["label"], routes.get(row["label"], "–"), _number(row["support"]),
+def _per_class_section(table: pd.DataFrame, counts: dict, explained: dict) -> list[str]:
+    rows = [[row["label"], explained[row["label"]]["route"] or "–", _number(row["support"]),
              _number(row["ap"]), _number(row["auc"]),
-             _threshold_text(row["threshold"]), _number(row["f1"]), str(row["gt_runs"]), str(row["gt_events"]),
+             _threshold_text(row["threshold"]), explained[row["label"]]["decision"], _number(row["f1"]), str(row["gt_runs"]), str(row["gt_events"]),
              str(row["pred_events"]), _number(row["tap@0.5"]), _number(row["tap@0.95"])]
             for row in table.to_dict("records")]
     parts = [
@@ -232,10 +237,11 @@ def _per_class_section(table: pd.DataFrame, counts: dict, route: dict | None = N
         "Route: the probabilities the label used (frame, temporal, blend = their mean). "
         "Support: positive validation frames. AP, AUC, F1: frame level (F1 at the threshold). GT runs: "
         "contiguous stretches of the label; GT events: the ground-truth events the metric scores. "
-        "tAP: temporal AP averaged over the validation videos (a label absent from a video and never "
-        "predicted there scores 1).", "",
-        _table(["label", "route", "support", "AP", "AUC", "threshold", "F1", "GT runs", "GT events", "predicted events",
-                "tAP@0.5", "tAP@0.95"], rows), "",
+        f"Decided by: how the label becomes events. tAP: temporal AP averaged over the validation videos ({ABSENT_RULE}).",
+        "",
+        _table(["label", "route", "support", "AP", "AUC", "threshold", "decided by", "F1", "GT runs", "GT events",
+                "predicted events", "tAP@0.5", "tAP@0.95"], rows), "",
+        *_silent_lines(explained),
         "**Why a label can rank frames perfectly and still score tAP@0.95 = 0.** The ground truth starts a new "
         "event whenever the *set* of active labels changes, so a region with findings inside (a bleeding in "
         "the small intestine, an erosion in the colon) is cut into several ground-truth events: fragments. "
@@ -253,8 +259,19 @@ def _per_class_section(table: pd.DataFrame, counts: dict, route: dict | None = N
     return parts + [""]
 
 
+def _silent_lines(explained: dict) -> list[str]:
+    """Why each label without a validation event is silent: `vce.eval.explain`, as the viewer says it."""
+    silent = [(label, row) for label, row in explained.items() if row["silent"]]
+    if not silent:
+        return []
+    return ["**Silent labels** (no validation event; the exam viewer's index gives the same reasons):", "",
+            *(f"- **{label}** (route {row['route'] or '–'}; {row['decision']}): {row['silent']}." for label, row in silent),
+            ""]
+
+
 def render_markdown(results: list[SetResult], table: pd.DataFrame, frame_result: dict, saved_thresholds: dict,
-                    probs_source: str, configured_events: dict | None, timelines: dict, route: dict | None = None) -> str:
+                    probs_source: str, configured_events: dict | None, timelines: dict, route: dict | None,
+                    explained: dict) -> str:
     """The report text; `timelines` maps (set name, video id) -> image link relative to the report."""
     validation = results[0]
     parts = [
@@ -266,9 +283,9 @@ def render_markdown(results: list[SetResult], table: pd.DataFrame, frame_result:
            "; no test score (no `score.test_gt`, no `split.test_videos`)."),
         "",
         *_overall_section(results, frame_result),
-        *_events_section(saved_thresholds, probs_source, configured_events, route),
+        *_events_section(saved_thresholds, probs_source, configured_events, route, explained),
         *_per_video_section(results, timelines),
-        *_per_class_section(table, label_counts(validation), route),
+        *_per_class_section(table, label_counts(validation), explained),
         "## Event timelines",
         "",
         "One row per label (threshold beside the name; `off` never fires). In each row: the ground-truth "
@@ -350,7 +367,8 @@ def write_report(
     params: ReportParams,
     plots_dir,
     report_path,
-    route: dict | None = None,
+    route: dict | None,
+    explained: dict,
 ) -> list[SetResult]:
     """Write the curves, the tables, the timelines and the report; return each set's scores.
 
@@ -359,7 +377,8 @@ def write_report(
     saved_thresholds: models/thresholds.json; configured_events: params.yaml `events` (to mark
     the tuned knobs). Writes under `plots_dir`: pr.csv, roc.csv, per_class.csv, temporal_ap.csv,
     per_video.csv, per_video_bars.csv, timelines/<set>_<video_id>.png; and `report_path`. route:
-    metrics/route.json (each label's route, shown in the per-class table), None when unknown.
+    metrics/route.json, None when unknown; explained: `vce.eval.explain.explain_labels` of the
+    validation set (each label's route, decision and why it is silent: the viewer shows the same).
     """
     plots_dir, report_path = Path(plots_dir), Path(report_path)
     thresholds = saved_thresholds["thresholds"]
@@ -388,5 +407,5 @@ def write_report(
     # 3. Timelines, then the markdown report.
     timelines = _draw_timelines(results, thresholds, params, plots_dir, report_path)
     write_text(report_path, render_markdown(results, table, frame_result, saved_thresholds, probs_source,
-                                            configured_events, timelines, route))
+                                            configured_events, timelines, route, explained))
     return results

@@ -68,7 +68,7 @@ def check_submission(sub: dict, gt: dict | None = None, where: str = "submission
             raise SubmissionError(f"{where}: video #{v} has no 'video_id'")
         video_id = video["video_id"]
         if not isinstance(video_id, (str, int)) or isinstance(video_id, bool):
-            raise SubmissionError(f"{where}: video #{v}: video_id {video_id!r} must be a string")
+            raise SubmissionError(f"{where}: video #{v}: video_id {video_id!r} must be a string or an integer")
         events = video.get("events")
         if not isinstance(events, list):
             raise SubmissionError(f"{where}: video {video_id!r} has no 'events' list")

@@ -48,15 +48,17 @@ EVIDENCE = ("frame AP on cross-fitted validation frames (vce.eval.frame_metrics)
 
 @dataclass(frozen=True)
 class RouteRule:
-    """How much evidence moves a label off the frame route (`post.route_*`, see the module docstring)."""
+    """How much evidence moves a label off the frame route (`post.route_*`, see the module docstring).
 
-    min_gain: float = 0.02
-    confidence: float = 0.9
-    block_frames: int = 250
-    replicates: int = 200
-    seed: int = 0
-    regions_together: bool = True
-    min_positive_blocks: int = 5
+    No defaults: params.yaml is their one source (`vce.infer.temporal_fit.route_rule` reads them)."""
+
+    min_gain: float
+    confidence: float
+    block_frames: int
+    replicates: int
+    seed: int
+    regions_together: bool
+    min_positive_blocks: int
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,12 @@ def route_units(rule: RouteRule) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def choose_routes(labels: np.ndarray, frame_probs: np.ndarray, temporal_probs: np.ndarray,
-                  videos: np.ndarray | None = None, rule: RouteRule | None = None) -> RouteChoice:
-    """Per label the route of `RouteRule` (default: its defaults): `frame` unless another route's
+                  videos: np.ndarray | None, rule: RouteRule) -> RouteChoice:
+    """Per label the route of `rule` (`post.route_*`, `vce.infer.temporal_fit.route_rule`): `frame` unless another route's
     AP gain on (N, 17) validation labels beats `rule.min_gain` at its bootstrap lower bound (for a
     group of `route_units`, the mean gain over its labels with validation positives in at least
     `rule.min_positive_blocks` bootstrap blocks; a label with fewer gives no evidence). `videos`
     (N,) gives each row's video, rows of a video contiguous (None: one video)."""
-    rule = rule or RouteRule()
     candidates = {"frame": frame_probs, "blend": blend(frame_probs, temporal_probs), "temporal": temporal_probs}
     # The rows every candidate scores (a paired comparison): an invalid frame is NaN in either model.
     valid = np.all([np.isfinite(p).all(axis=1) for p in candidates.values()], axis=0)

@@ -21,7 +21,7 @@ With `anatomy: viterbi`, before step 5 the five region labels are replaced by on
 region path per video and landmarks are confined to its boundaries (`vce.post.anatomy`): region
 thresholds and smoothing knobs then have no effect.
 
-All videos are laid end to end on one dense frame axis (`Timeline`): missing times become
+All videos are laid end to end on one dense frame axis (`vce.post.timeline.Timeline`): missing times become
 unobserved frames, long gaps are shortened to a length no step can see across, and videos are
 separated by such gaps, so every step is one vectorised pass over all videos.
 """
@@ -32,7 +32,6 @@ import datetime
 import re
 import sys
 import zipfile
-from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -47,6 +46,7 @@ from vce.core.params import FieldError, OddInt, Section, explain
 from vce.post.anatomy import anatomy_runs
 from vce.post.kernels import majority_runs
 from vce.post.runs import clip_to_videos, mean_probs, runs_of, video_of
+from vce.post.timeline import Timeline, build_timeline
 
 # Knobs a label may override in `EventParams.per_label` (tuned per label by `tune_on_map`).
 LABEL_KNOBS = {"median_window": int, "fill_gap": int, "min_length": int, "presence_threshold": float, "presence_min_frames": int}
@@ -102,93 +102,6 @@ class EventParams(Section):
         """Longest median half-window or gap fill any label uses (the timeline must allow it)."""
         labels = [self] + [self.for_label(label) for label in self.per_label]
         return max(max(p.median_window // 2, p.fill_gap) for p in labels)
-
-
-# ----------------------------------------------------------------------------- the frame axis
-
-
-@dataclass
-class Timeline:
-    """All videos' frames on one dense axis of P positions (videos separated by unobserved gaps)."""
-
-    video_ids: list[str]
-    video_first: np.ndarray  # (V,) dense position of each video's first row
-    time: np.ndarray  # (P,) int64 time (event unit) of each position; meaningless in separators
-    observed: np.ndarray  # (P,) bool: a valid frame with probabilities
-    probs: np.ndarray  # (17, P) float32, NaN where not observed; label-major for column passes
-    observed_cum: np.ndarray  # (P+1,) int64 prefix count of observed positions
-    max_reach: int  # no window or gap fill longer than this may be used on this timeline
-    prob_cums: dict = field(default_factory=dict)  # caches derived from probs, filled lazily: label -> (P+1,) prefix sums; ("logits", k); ("peak", k), "region_logits", "seen_bounds", ("ar", k, ...) (vce.post.runs, vce.post.engine, vce.post.arhmm)
-    region_paths: dict = field(default_factory=dict)  # decoding key -> (P,) decoded region path (vce.post.anatomy)
-
-    def with_probs(self, probs: np.ndarray) -> Timeline:
-        """The same axis with other (17, P) probabilities (caches of the old ones left behind)."""
-        return replace(self, probs=probs, prob_cums={}, region_paths={})
-
-
-def build_timeline(
-    frame_probs: pd.DataFrame, time_col: str = "t", max_reach: int = 64, columns=LABELS
-) -> Timeline:
-    """Lay the rows of `frame_probs` on a dense axis; gaps longer than `max_reach` are shortened.
-
-    A gap of missing times is kept as unobserved positions up to `max_reach + 1` long: no median
-    window half-width or gap fill up to `max_reach` can see across a longer one, so shortening
-    it changes nothing.
-    """
-    missing = [c for c in ("video_id", time_col, *columns) if c not in frame_probs.columns]
-    if missing:
-        raise DataError(f"frame probabilities lack column(s) {missing}")
-    cap = max_reach + 1
-    video_codes, video_ids = pd.factorize(frame_probs["video_id"], sort=False)
-    times = frame_probs[time_col].to_numpy(dtype=np.int64)
-    order = np.lexsort((times, video_codes))
-    video_codes, times = video_codes[order], times[order]
-    n = len(times)
-    new_video = np.ones(n, dtype=bool)
-    new_video[1:] = video_codes[1:] != video_codes[:-1]
-    step = np.zeros(n, dtype=np.int64)  # no rows (no test set, every frame invalid): an empty timeline
-    step[1:] = times[1:] - times[:-1]
-    duplicate = (~new_video) & (step == 0)
-    if duplicate.any():
-        r = int(np.flatnonzero(duplicate)[0])
-        raise DataError(f"frame probabilities: duplicate row for video {video_ids[video_codes[r]]} {time_col}={times[r]}")
-    # 1. Positions: each row after the missing frames before it (capped); `cap` separates videos.
-    inserted = np.where(new_video, cap, np.minimum(step - 1, cap))
-    position = np.arange(n) + np.cumsum(inserted)
-    size = int(position[-1]) + 1 + cap if n else cap
-    # 2. Time of every position: the last row at or before it, plus the frames since.
-    last_row = np.full(size, -1, dtype=np.int64)
-    last_row[position] = np.arange(n)
-    last_row = np.maximum.accumulate(last_row)
-    before_first = last_row < 0
-    last_row[before_first] = 0
-    time = times[last_row] + (np.arange(size) - position[last_row]) if n else np.zeros(size, np.int64)
-    # 3. Observed frames and their probabilities (invalid rows stay unobserved), column by column.
-    in_order = bool((order == np.arange(n)).all())
-    probs = np.full((len(columns), size), np.nan, dtype=np.float32)
-    valid = np.ones(n, dtype=bool)
-    for k, label in enumerate(columns):
-        column = frame_probs[label].to_numpy(dtype=np.float32)
-        column = column if in_order else column[order]
-        valid &= np.isfinite(column)
-        probs[k, position] = column
-    if "valid" in frame_probs.columns:
-        flags = frame_probs["valid"].to_numpy(dtype=bool)
-        valid &= flags if in_order else flags[order]
-    if not valid.all():
-        probs[:, position[~valid]] = np.nan
-    observed = np.zeros(size, dtype=bool)
-    observed[position[valid]] = True
-    observed_cum = np.concatenate([[0], np.cumsum(observed, dtype=np.int64)])
-    return Timeline(
-        video_ids=[str(v) for v in video_ids],
-        video_first=position[new_video],
-        time=time,
-        observed=observed,
-        probs=probs,
-        observed_cum=observed_cum,
-        max_reach=max_reach,
-    )
 
 
 # ----------------------------------------------------------------------------- per-label runs

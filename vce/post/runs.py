@@ -1,4 +1,4 @@
-"""Runs on the dense frame axis (`vce.post.events.Timeline`), the idioms every decoder shares.
+"""Runs on the dense frame axis (`vce.post.timeline.Timeline`), the idioms every decoder shares.
 
 A run is a maximal stretch of positions where a (P,) bool mask holds, given as inclusive
 (start, end) positions. Videos lie end to end on the axis, each starting at

@@ -36,13 +36,8 @@ from vce.core.labels import LABELS, NUM_LABELS
 from vce.core.params import OddInt, Section
 from vce.eval.score import score
 from vce.post.engine import EngineParams
-from vce.post.events import (
-    EventParams,
-    Timeline,
-    build_timeline,
-    label_runs,
-    runs_to_submission,
-)
+from vce.post.events import EventParams, label_runs, runs_to_submission
+from vce.post.timeline import Timeline, build_timeline
 
 OBJECTIVES = ("mean", "map@0.5", "map@0.95")
 

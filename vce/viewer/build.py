@@ -3,8 +3,8 @@
 `write_viewer` turns each set (validation, test, or one exam from `vce.infer.detect`) into:
 
 - `index.html`: the score of each set, its videos, a per-label table (how the label is
-  decided, its counts and temporal APs, and for a label without any event why it is silent:
-  `vce.viewer.silence`);
+  decided, its route, counts and temporal APs, and for a label without any event why it is
+  silent: `vce.eval.explain`, the same rows metrics/report.md shows);
 - one page per video (`<set>_<video>.html`): the 17-row timeline (ground-truth fragments, the
   submission's or the clinical list's events marked TP/FP by the official matching at tIoU 0.5
   and 0.95, `vce.eval.score.event_matches`; the probability trace and the threshold), zoomable,
@@ -32,10 +32,10 @@ import pandas as pd
 from vce.core.errors import DataError
 from vce.core.io import atomic_dir, safe_file_name
 from vce.core.labels import LABEL_INDEX, LABELS, NUM_LABELS
+from vce.eval.explain import ABSENT_RULE, decision, drawn_threshold, explain_labels
 from vce.eval.report import ViewerParams
 from vce.eval.score import THRESHOLDS, average_precisions, event_matches, score
 from vce.viewer.pages import index_page, label_page, label_page_name, video_page
-from vce.viewer.silence import decision, drawn_threshold, silence_reason
 from vce.viewer.thumbnails import Request, event_frames, plan_thumbnails, write_thumbnails
 
 ASSETS = Path(__file__).with_name("assets")
@@ -251,20 +251,25 @@ def check_page_names(set_name: str, video_ids) -> None:
 
 
 def write_viewer(out_dir, sets: list[ViewerSet], saved_thresholds: dict, params: ViewerParams,
-                 n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict:
+                 n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None, *,
+                 routes: dict | None = None, explained: dict | None = None) -> dict:
     """Write the viewer folder; return its counts (videos, pages, events, thumbnails, bytes, seconds per phase).
 
-    saved_thresholds: models/thresholds.json; n_tuning_videos, min_gain_sqrt_videos, events:
-    what `vce.viewer.silence.silence_reason` needs to explain a silent label.
+    saved_thresholds: models/thresholds.json; routes: each label's route (metrics/route.json);
+    n_tuning_videos, min_gain_sqrt_videos, events: what `vce.eval.explain.explain_labels` needs to
+    explain a label. explained: set name -> those rows where the caller already made them (the
+    report stage: metrics/report.md shows the same); other sets' are made here.
     """
     for viewer_set in sets:
         check_page_names(viewer_set.name, viewer_set.probs["video_id"].unique())
     with atomic_dir(out_dir) as staging:  # the old folder stays whole until the new one is complete
-        return _write_viewer(staging, sets, saved_thresholds, params, n_tuning_videos, min_gain_sqrt_videos, events)
+        return _write_viewer(staging, sets, saved_thresholds, params, n_tuning_videos, min_gain_sqrt_videos, events,
+                             routes, explained or {})
 
 
 def _write_viewer(out_dir: Path, sets: list[ViewerSet], saved_thresholds: dict, params: ViewerParams,
-                  n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict:
+                  n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None,
+                  routes: dict | None, explained: dict) -> dict:
     """`write_viewer` into the empty folder `out_dir` (files written plainly: the folder is the unit)."""
     clock = [time.perf_counter()]
     per_set = [(viewer_set, _videos(viewer_set)) for viewer_set in sets]
@@ -294,8 +299,10 @@ def _write_viewer(out_dir: Path, sets: list[ViewerSet], saved_thresholds: dict, 
         (out_dir / video.page).write_text(video_page(video, data, params.events_per_label))
     summaries = []
     for viewer_set, videos in per_set:
-        summaries.append(_set_summary(viewer_set, videos, saved_thresholds, n_tuning_videos,
-                                      min_gain_sqrt_videos, events))
+        rows = explained.get(viewer_set.name) or explain_labels(
+            saved_thresholds, viewer_set.probs, viewer_set.prediction, routes, n_tuning_videos, min_gain_sqrt_videos,
+            events)
+        summaries.append(_set_summary(viewer_set, videos, rows))
         for label in LABELS if any(v.has_gt for v in videos) else ():
             (out_dir / label_page_name(viewer_set.name, label)).write_text(label_page(viewer_set.name, label, errors[(viewer_set.name, label)], thumbs))
     (out_dir / "index.html").write_text(index_page(summaries))
@@ -309,26 +316,23 @@ def _write_viewer(out_dir: Path, sets: list[ViewerSet], saved_thresholds: dict, 
             "bytes": sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())}
 
 
-def _set_summary(viewer_set: ViewerSet, videos: list[Video], saved: dict, n_tuning_videos: int | None,
-                 min_gain_sqrt_videos: float, events: dict | None) -> dict:
-    """What index.html shows of a set: its score, its videos and the per-label table."""
+def _set_summary(viewer_set: ViewerSet, videos: list[Video], explained: dict) -> dict:
+    """What index.html shows of a set: its score, its videos and the per-label table (`explained`:
+    `vce.eval.explain.explain_labels` of the set)."""
     scored_gt = {"videos": [v for v in (viewer_set.gt or {"videos": []})["videos"] if any(e["label"] for e in v["events"])]}
     scored_ids = {str(v["video_id"]) for v in scored_gt["videos"]}
     result = None
     if scored_ids:
         result = score(scored_gt, {"videos": [v for v in viewer_set.prediction["videos"]
                                               if str(v["video_id"]) in scored_ids]}, check=False)
-    maxima = viewer_set.probs.groupby("video_id", sort=False)[list(LABELS)].max()  # NaN: no valid frame
     labels = []
     for k, label in enumerate(LABELS):
-        row = {"label": label, "decision": decision(saved, label),
+        row = {"label": label, "decision": explained[label]["decision"], "route": explained[label]["route"],
                "gt": sum(r[2] == k for v in videos for r in v.gt), "pred": sum(r[2] == k for v in videos for r in v.pred),
                "clin": sum(r[2] == k for v in videos for r in v.clin),
                "tp": [sum(r[2] == k and r[4 + i] >= 0 for v in videos if v.has_gt for r in v.pred) for i in range(2)],
-               "tap": [result[f"per_label@{t}"][label] for t in THRESHOLDS] if result else None, "silent": None}
-        if row["pred"] == 0:
-            peaks = {str(v): float(p) for v, p in maxima[label].items()}
-            row["silent"] = silence_reason(saved, label, peaks, n_tuning_videos, min_gain_sqrt_videos, events)
+               "tap": [result[f"per_label@{t}"][label] for t in THRESHOLDS] if result else None,
+               "silent": explained[label]["silent"]}
         labels.append(row)
     return {"name": viewer_set.name, "score": result, "videos": videos, "labels": labels,
-            "has_gt": any(v.has_gt for v in videos)}
+            "has_gt": any(v.has_gt for v in videos), "absent_rule": ABSENT_RULE}

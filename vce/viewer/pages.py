@@ -82,15 +82,17 @@ def _set_section(summary: dict) -> str:
         if summary["has_gt"]:
             label = f'<a href="{escape(label_page_name(name, row["label"]))}">{label}</a>'
         tap = row["tap"] or [None, None]
-        rows.append([label, escape(row["decision"]), str(row["gt"]) if summary["has_gt"] else "–", str(row["pred"]),
+        rows.append([label, escape(row["route"] or "–"), escape(row["decision"]), str(row["gt"]) if summary["has_gt"] else "–", str(row["pred"]),
                      str(row["clin"]), *(str(n) if summary["has_gt"] else "–" for n in row["tp"]),
                      _number(tap[0]), _number(tap[1]),
                      f'<span class="silent">{escape(row["silent"])}</span>' if row["silent"] else ""])
     parts += [f"<h3>Per label ({escape(name)})</h3>",
               "<p>Counts are (event, label) pairs: an event with two labels counts in both rows. TP: submission "
-              "events the official matching pairs with a ground-truth event. A label without any event says why."
+              "events the official matching pairs with a ground-truth event. Route: the probabilities the label "
+              "used (metrics/route.json). A label without any event says why (metrics/report.md gives the same "
+              f"reason). tAP, the official rule: {escape(summary['absent_rule'])}."
               + (" The label links open its false alarms and misses." if summary["has_gt"] else "") + "</p>",
-              _table(["label", "decided by", "GT", "submission", "clinical", "TP@0.5", "TP@0.95", "tAP@0.5",
+              _table(["label", "route", "decided by", "GT", "submission", "clinical", "TP@0.5", "TP@0.95", "tAP@0.5",
                       "tAP@0.95", "why silent"], rows, "labels")]
     return "\n".join(parts)
 
@@ -167,7 +169,8 @@ def video_page(video, data: dict, events_per_label: int) -> str:
 <label><input type="radio" name="events" value="clin"> clinical list</label>
 <span id="legend"></span>
 </div>
-<canvas id="timeline" width="1200" height="860">The timeline needs JavaScript.</canvas>
+<canvas id="timeline" width="1200" height="1460">The timeline needs JavaScript.</canvas>
+<div id="tip" hidden></div>
 <p class="hint">Wheel or +/−: zoom · drag: pan · click an event: its frames · ←/→: previous/next event of the row ·
 thumbnails for the first {events_per_label} events per label and kind (more where the error pages list them).</p>
 <p id="status"></p>

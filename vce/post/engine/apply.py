@@ -40,9 +40,9 @@ from vce.post.engine.policies import (
 )
 from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
-from vce.post.events import Timeline, build_timeline
 from vce.post.head import HEAD_REGIONS
 from vce.post.runs import clip_to_videos
+from vce.post.timeline import Timeline, build_timeline
 
 
 @gc_paused

@@ -13,7 +13,7 @@ import numpy as np
 
 from vce.core.labels import LABELS, REGIONS
 from vce.post.anatomy import label_logits
-from vce.post.events import Timeline
+from vce.post.timeline import Timeline
 
 
 def logistic(x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None, one_thread: bool = True,

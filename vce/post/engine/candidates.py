@@ -22,9 +22,10 @@ import numpy as np
 from vce.core.labels import LANDMARKS, REGIONS
 from vce.post.anatomy import boundaries
 from vce.post.engine.variants import RUN, place_variant
-from vce.post.events import Timeline, smooth_runs
+from vce.post.events import smooth_runs
 from vce.post.head import head_spans
 from vce.post.runs import mean_probs, runs_of, video_of
+from vce.post.timeline import Timeline
 
 
 def gc_paused(func):

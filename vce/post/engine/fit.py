@@ -36,8 +36,8 @@ from vce.post.engine.regions import (
     region_truth,
 )
 from vce.post.engine.variants import learn_variants
-from vce.post.events import Timeline
 from vce.post.head import HEAD_REGIONS, head_lengths, length_prior
+from vce.post.timeline import Timeline
 
 
 @gc_paused

@@ -23,7 +23,7 @@ from vce.post.engine.candidates import Candidates, SpanLists
 from vce.post.engine.newton import newton_logistic
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.policies import RunsPolicy
-from vce.post.events import Timeline
+from vce.post.timeline import Timeline
 
 
 def _span_arrays(spans: list) -> tuple | None:

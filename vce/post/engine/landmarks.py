@@ -46,8 +46,8 @@ from vce.post.engine.candidates import Candidates
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import BOUNDARY_FEATURES, EngineParams
 from vce.post.engine.policies import BoundaryPolicy
-from vce.post.events import Timeline
 from vce.post.runs import mean_probs, video_of
+from vce.post.timeline import Timeline
 
 
 def first_crossings(timeline: Timeline, path: np.ndarray, region: int) -> np.ndarray:

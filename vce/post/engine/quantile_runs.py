@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vce.post.events import Timeline, smooth_runs
+from vce.post.events import smooth_runs
+from vce.post.timeline import Timeline
 
 
 def video_quantile_mask(timeline: Timeline, k: int, share: float) -> np.ndarray:

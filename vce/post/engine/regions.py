@@ -20,8 +20,8 @@ from vce.post.engine.candidates import region_candidates
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import RegionPolicy
-from vce.post.events import Timeline
 from vce.post.runs import group_firsts, last_axis_max, runs_of, video_of
+from vce.post.timeline import Timeline
 
 
 def label_truth(timeline: Timeline, gt: dict) -> np.ndarray:

@@ -14,8 +14,8 @@ import numpy as np
 from vce.core.labels import LANDMARKS, REGIONS
 from vce.eval.score import THRESHOLDS
 from vce.post.anatomy import boundaries
-from vce.post.events import Timeline
 from vce.post.runs import runs_of, video_of
+from vce.post.timeline import Timeline
 
 # How a region variant (mode, a, b) places its span on a decoded run [s, e].
 RUN, FROM_START, FROM_END = 0, 1, 2  # [s + a, e + b]; [s + a, s + b]; [e + a, e + b]

@@ -8,11 +8,12 @@
   const data = JSON.parse(document.getElementById("viewer-data").textContent);
   const COLOR = { gt: "#2b8a3e", tp: "#1971c2", fp: "#f08c00", none: "#7048e8", trace: "#495057",
     band: "rgba(73,80,87,0.28)", thr: "#c92a2a", edge: "#212529", grid: "#dee2e6", sel: "#000000" };
-  const LEFT = 190, RIGHT = 104, TOP = 26, ROW = 52, N = data.labels.length;
+  const LEFT = 190, RIGHT = 104, TOP = 26, ROW = 84, N = data.labels.length;  // ROW: 46 px of it the probability trace
   const canvas = document.getElementById("timeline");
   const ctx = canvas.getContext("2d");
   const panel = document.getElementById("event-panel");
   const status = document.getElementById("status");
+  const tip = document.getElementById("tip");
 
   // 1. Events per kind and label, each an object the panel and the drawing share.
   function entries(kind, rows) {
@@ -38,7 +39,7 @@
   function X(t) { return LEFT + (t - view[0]) / (view[1] - view[0]) * (width - LEFT - RIGHT); }
   function T(x) { return view[0] + (x - LEFT) / (width - LEFT - RIGHT) * (view[1] - view[0]); }
   function rowTop(k) { return TOP + k * ROW; }
-  const STRIP = { gt: [4, 9], s0: [15, 7], s1: [24, 7], trace: [33, 17] };
+  const STRIP = { gt: [4, 9], s0: [15, 7], s1: [24, 7], trace: [34, 46] };
 
   function colour(ev, i) {
     if (ev.m[i] === -2) return COLOR.none;
@@ -102,6 +103,12 @@
       const order = events.slice().sort((a, b) => (a.m[i] >= 0) - (b.m[i] >= 0) || b.rank - a.rank);
       for (const ev of order) rect(ev, y + strip[0], strip[1], colour(ev, i));
       if (!hasGt) break;
+    }
+    ctx.strokeStyle = COLOR.grid; ctx.fillStyle = "#868e96"; ctx.font = "10px system-ui, sans-serif"; ctx.textAlign = "right";
+    for (const q of [0, 0.5, 1]) {  // the trace's scale: probability 0, 0.5 and 1
+      const gy = y + STRIP.trace[0] + STRIP.trace[1] * (1 - q);
+      ctx.beginPath(); ctx.moveTo(LEFT, gy); ctx.lineTo(width - RIGHT, gy); ctx.stroke();
+      ctx.fillText(String(q), LEFT - 4, gy + 3);
     }
     drawTrace(k, y + STRIP.trace[0], STRIP.trace[1]);
     if (thr !== null && thr <= 1) {
@@ -230,6 +237,7 @@
     }
     drag = null;
   });
+  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
   canvas.addEventListener("mousemove", (e) => {
     if (drag && Math.abs(e.offsetX - drag.x) > 3) {
       drag.moved = true;
@@ -239,7 +247,7 @@
       view = [a, a + span]; draw(); return;
     }
     const h = hit(e.offsetX, e.offsetY);
-    if (!h) { status.textContent = ""; return; }
+    if (!h) { status.textContent = ""; tip.hidden = true; return; }
     let text = data.labels[h.k] + " · t " + Math.floor(h.t);
     if (B) {
       let i = 0; while (i < B - 1 && tr.t[i + 1] <= h.t) i++;
@@ -248,6 +256,8 @@
     }
     if (h.list.length) text += " · " + h.list.length + " event(s) here: click to see the frames";
     status.textContent = text;
+    tip.textContent = text;  // the value beside the pointer: the status line is below the 17 rows
+    tip.style.left = (e.pageX + 14) + "px"; tip.style.top = (e.pageY + 14) + "px"; tip.hidden = false;
   });
   document.addEventListener("keydown", (e) => {
     if (!selected || (e.key !== "ArrowLeft" && e.key !== "ArrowRight") || e.target.tagName === "INPUT") return;

@@ -1,4 +1,9 @@
-"""How each label is decided, and why a label emits nothing: read from `models/thresholds.json`.
+"""How each label is decided, and why a label emits nothing: one explanation per label.
+
+`explain_labels` is the one source of what metrics/report.md and the exam viewer say about a
+label (its route, how it is decided, its events, why it is silent): the report stage computes it
+once per set and hands the same rows to both, so a reader of either meets the same reason.
+Read from `models/thresholds.json`, `metrics/route.json` and the set's probabilities and events.
 
 A label with a tuned threshold and no event reads like a bug; usually a rule of the post-
 processing kept it silent on purpose. For the score engine (`thresholds.method: engine`) the
@@ -15,7 +20,38 @@ from __future__ import annotations
 
 import math
 
-from vce.core.labels import LABEL_INDEX, REGIONS
+import pandas as pd
+
+from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
+
+# How the official metric scores a label absent from a video (stated where a tAP is shown).
+ABSENT_RULE = ("a label absent from a video scores AP 1 there when nothing of it is predicted and 0 after "
+               "one event; a silent label present in some videos scores the share of videos it is absent from")
+
+
+def explain_labels(saved: dict, probs: pd.DataFrame, prediction: dict, routes: dict | None,
+                   n_tuning_videos: int | None, min_gain_sqrt_videos: float, events: dict | None) -> dict[str, dict]:
+    """label -> {route, decision, events, silent}: the one explanation of each label in a set.
+
+    probs: video_id and the 17 label columns (NaN: no valid frame); prediction: the set's events
+    (official JSON); routes: metrics/route.json's `routes` (None: unknown); the rest as
+    `silence_reason`. `silent` is None for a label with an event, else why it has none.
+    """
+    maxima = probs.groupby("video_id", sort=False)[list(LABELS)].max()  # NaN: no valid frame
+    counts = dict.fromkeys(LABELS, 0)
+    for video in prediction["videos"]:
+        for event in video["events"]:
+            for label in event["label"]:
+                counts[label] += 1
+    rows = {}
+    for label in LABELS:
+        silent = None
+        if counts[label] == 0:
+            peaks = {str(v): float(p) for v, p in maxima[label].items()}
+            silent = silence_reason(saved, label, peaks, n_tuning_videos, min_gain_sqrt_videos, events)
+        rows[label] = {"route": (routes or {}).get(label), "decision": decision(saved, label),
+                       "events": counts[label], "silent": silent}
+    return rows
 
 
 def _spec(spec: dict) -> str:
