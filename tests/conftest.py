@@ -83,11 +83,15 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
         "cache_frames": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
                              "--held-out", held, "--out", str(d / "cache")],
         "prompts": p + ["--out", str(d / "models/prompt_embeddings.pt")],
-        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"), "--prompts",
+        "embed": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
+                      "--held-out", held, "--cache", str(d / "cache"), "--out", str(d / "embed")],
+        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"),
+                      "--features", str(d / "embed"), "--prompts",
                       str(d / "models/prompt_embeddings.pt"),
                       "--model-out", str(d / "models/model.pt"), "--state-dir", str(d / "models/train_state"),
                       "--metrics", str(d / "metrics/train.json"), "--live-dir", str(d / "metrics/train")],
-        "predict": p + ["--model", str(d / "models/model.pt"), "--frames", str(d / "split/frames.parquet"),
+        "predict": p + ["--model", str(d / "models/model.pt"), "--features", str(d / "embed"),
+                        "--frames", str(d / "split/frames.parquet"),
                         "--test", str(d / "index/test.parquet"), "--held-out", held, "--cache", str(d / "cache"),
                         "--out-dir", str(d / "predict"), "--report", str(d / "metrics/predict.json")],
         "temporal": p + ["--predict-dir", str(d / "predict"), "--frames", str(d / "split/frames.parquet"),
@@ -118,7 +122,7 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
     }
 
 
-PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts"]
+PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts", "embed"]
 
 
 def prepare_demo(tmp_path, **overrides) -> dict[str, list[str]]:
