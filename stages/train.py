@@ -123,8 +123,6 @@ def open_live(live_dir: str):
 def train_probe(args, frames, model, loss_fn, params: TrainParams, seed: int, started: float) -> int:
     """`train.freeze_backbone: true`: fit the heads on the cached features of the fold's frames
     (`vce.train.probe`); the model file records the features' backbone, and predict reads them too."""
-    import copy
-
     from vce.core.contracts import label_matrix
     from vce.core.io import atomic_dir, write_json
     from vce.data.dataset import rarest_label_weights
@@ -142,18 +140,13 @@ def train_probe(args, frames, model, loss_fn, params: TrainParams, seed: int, st
         sets[split] = FeatureSet(features, label_matrix(rows), valid)
     train_rows = frames[frames["split"] == "train"]
     train_videos = sorted(train_rows["video_id"].astype(str).unique())
-    kept = {}  # the best epoch's EMA model, written with the curves when training ends
-
-    def keep(ema_model, record):
-        kept.update(model=copy.deepcopy(ema_model), record=dict(record))
-
     with atomic_dir(args.live_dir) as live_dir:
         live, log = live_logger(str(live_dir), [])
         result = fit_probe(model, loss_fn, params, seed, sets["train"], rarest_label_weights(sets["train"].targets.numpy()),
-                           sets["val"], resolve_device(params.device), keep, log)
+                           sets["val"], resolve_device(params.device), log)
         live.end()
         # The model file names its training videos (predict's out-of-fold check) and the features' backbone.
-        checkpoint.save_model(args.model_out, kept["model"], **kept["record"], train_videos=train_videos,
+        checkpoint.save_model(args.model_out, result["model"], **result["best"], train_videos=train_videos,
                               features=backbone)
     history = result["history"]
     for record in history:

@@ -11,12 +11,14 @@ a CPU, so no resume state is kept.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
 import torch
 from timm.utils import ModelEmaV3
 
+from vce.core.params import ParamsError
 from vce.data.dataset import EpochSampler
 from vce.eval.frame_metrics import frame_metrics
 from vce.train.trainer import TrainParams, freeze_backbone, mixup, step_seed
@@ -53,28 +55,46 @@ def evaluate_features(model, loss_fn, data: FeatureSet, batch_size: int, device)
     return {"loss": sum(losses) / max(len(data), 1), "map": metrics["map"]}
 
 
+def head_groups(model, lr_head: float, weight_decay: float) -> list[dict]:
+    """AdamW groups of the trainable heads, as `VCEModel.param_groups` makes them (no decay on
+    biases, the excitation's and the contrastive scale/bias vectors); the frozen tower has none."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    return [group for group in (
+        {"name": "head", "params": [p for _, p in params if p.ndim > 1], "lr": lr_head, "weight_decay": weight_decay},
+        {"name": "head_no_decay", "params": [p for _, p in params if p.ndim <= 1], "lr": lr_head, "weight_decay": 0.0},
+    ) if group["params"]]
+
+
 def fit_probe(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet, train_weights: np.ndarray,
-              val: FeatureSet, device, on_best: Callable[[object, dict], None],
-              log: Callable[[dict], None] = lambda record: None) -> dict:
-    """Train the heads of `model` (its image tower frozen) for `params.epochs`; on_best(ema_model,
-    record) on each new best epoch. Returns {"history", "best"} with the image trainer's records."""
-    # 1. The tower frozen (never called here), the optimiser over the heads only.
+              val: FeatureSet, device, log: Callable[[dict], None] = lambda record: None) -> dict:
+    """Train the heads of `model` (its image tower frozen) for `params.epochs`. Returns {"history",
+    "best"} with the image trainer's records, and "model": `model` with the best epoch's EMA heads."""
+    # 1. The tower frozen and set aside: the optimiser, the EMA and the best epoch's copy hold the
+    #    heads only (an EMA over a frozen ViT-B would average 86 M constant weights every step).
     freeze_backbone(model)
-    model = model.to(device)
-    loss_fn = loss_fn.to(device)
+    tower, model.visual = model.visual, None
+    try:
+        result = _fit_heads(model.to(device), loss_fn.to(device), params, seed, train, train_weights, val, device, log)
+    finally:
+        model.visual = tower
+    result["model"].visual = tower
+    return result
+
+
+def _fit_heads(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet, train_weights: np.ndarray,
+               val: FeatureSet, device, log: Callable[[dict], None]) -> dict:
     ema = ModelEmaV3(model, decay=params.ema_decay, use_warmup=params.ema_warmup)
-    optimizer = torch.optim.AdamW(model.param_groups(params.lr_head, params.lr_backbone, params.weight_decay))
+    optimizer = torch.optim.AdamW(head_groups(model, params.lr_head, params.weight_decay))
     # 2. The image trainer's draws: weighted by the rarest label, `samples_per_epoch` a epoch.
     sampler = EpochSampler(train_weights, params.samples_per_epoch or len(train), params.batch_size, seed)
     if sampler.steps < 1:
-        from vce.core.params import ParamsError
         raise ParamsError(f"train.batch_size = {params.batch_size}: larger than the samples of an epoch "
                           f"({params.samples_per_epoch or len(train)})")
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=[group["lr"] for group in optimizer.param_groups],
         total_steps=params.epochs * sampler.steps, pct_start=params.pct_start,
         final_div_factor=params.final_div_factor)
-    history, best = [], None
+    history, best, best_heads = [], None, None
     for epoch in range(params.epochs):
         sampler.set_epoch(epoch)
         rows = np.fromiter((row for row, _ in sampler), np.int64).reshape(sampler.steps, params.batch_size)
@@ -102,6 +122,5 @@ def fit_probe(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet,
         history.append(record)
         log(record)
         if best is None or record["val_map"] > best["val_map"]:
-            best = record
-            on_best(ema.module, record)
-    return {"history": history, "best": best}
+            best, best_heads = record, copy.deepcopy(ema.module).cpu()
+    return {"history": history, "best": best, "model": best_heads}
