@@ -1,7 +1,7 @@
 """Stage `embed`: a frozen backbone's frame features, computed once per frame (`train.freeze_backbone`).
 
 With `train.freeze_backbone: false` (the default: fine-tuning) it writes a folder that says so and
-nothing else. With `true` it builds the image tower exactly as the train stage does (same
+nothing else (its params are checked all the same). With `true` it builds the image tower exactly as the train stage does (same
 `model` params and `base.seed`) and streams every labelled frame (`labelled.parquet`, all folds)
 and the test set (`test.parquet`: data.test_root and the videos split.test_videos holds out)
 through it, with predict's data path and settings. Train then fits the heads on these features
@@ -55,31 +55,33 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
     from vce.data.features import write_disabled
+    from vce.data.index import DataParams
+    from vce.infer.predict import PredictParams
+    from vce.model.frame_model import ModelParams
     from vce.train.trainer import TrainParams
 
+    # Every section it reads is checked first, whether or not the backbone is frozen.
     params = load_params(args.params)
     train_params = from_dict(TrainParams, params["train"], "train")
+    seed = from_dict(BaseParams, params["base"], "base").seed
+    data = from_dict(DataParams, params["data"], "data")
+    model_params = from_dict(ModelParams, params["model"], "model")
+    predict_params = from_dict(PredictParams, params["predict"], "predict")
     if not train_params.freeze_backbone:
         write_disabled(args.out)
         print(f"embed: train.freeze_backbone is false (fine-tuning): {args.out}/meta.json says so")
         return 0
-    # Heavy imports here, not at the top: `--help` and the disabled case stay torch-free.
+    # Heavy imports here, not at the top: `--help` stays fast.
     import torch
 
     from vce.core.contracts import read_index
     from vce.core.io import write_json
     from vce.data.features import backbone_fingerprint
     from vce.data.frame_cache import FrameCache
-    from vce.data.index import DataParams
     from vce.infer.embed import embed_frames
-    from vce.infer.predict import PredictParams
     from vce.model.device import resolve_device, setup_distributed
-    from vce.model.frame_model import ModelParams, create_model
+    from vce.model.frame_model import create_model
 
-    seed = from_dict(BaseParams, params["base"], "base").seed
-    data = from_dict(DataParams, params["data"], "data")
-    model_params = from_dict(ModelParams, params["model"], "model")
-    predict_params = from_dict(PredictParams, params["predict"], "predict")
     device = resolve_device(predict_params.device)
     ddp = setup_distributed(device)
     torch.manual_seed(seed)  # the train stage's initial model: the same tower (its fingerprint is checked there)
