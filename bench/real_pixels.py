@@ -355,6 +355,15 @@ def event_numbers(work: Path, params_path: Path, name: str, val_probs: Path, tes
             "test_map@0.5": round(result["map@0.5"], 4), "test_map@0.95": round(result["map@0.95"], 4)}
 
 
+def recipe_assignments(name: str | None) -> list[str]:
+    """`recipes/<name>.yaml` as `--set` assignments (applied before the command line's own)."""
+    if not name:
+        return []
+    from vce.core.recipe import load_recipe
+
+    return [f"{key}={json.dumps(value)}" for key, value in load_recipe(name).items()]
+
+
 def scratch_params(work: Path, assignments: list[str]) -> dict:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["data"].update(root=str(work / "videos/galar"), test_root=str(work / "videos/test"), metadata=None)
@@ -382,7 +391,7 @@ def route_counts(path: Path) -> dict:
 
 
 def run(work: Path, args) -> dict:
-    params = scratch_params(work, args.set)
+    params = scratch_params(work, recipe_assignments(args.recipe) + args.set)
     demo = from_dict(DemoParams, params["demo"], "demo")
     holds = {"lead": 0.15, "run": (2, 4), "background": (3, 8), "blood": (2, 4)}
     if args.train_stills:
@@ -400,7 +409,7 @@ def run(work: Path, args) -> dict:
     w = {key: str(work / rel) for key, rel in {
         "frames": "index/frames.parquet", "test": "index/test.parquet", "split": "split/frames.parquet",
         "prompts": "models/prompt_embeddings.pt", "model": "models/model.pt", "predict": "predict",
-        "temporal": "temporal", "temporal_route": "temporal_route", "cache": "cache"}.items()}
+        "temporal": "temporal", "temporal_route": "temporal_route", "cache": "cache", "embed": "embed"}.items()}
     stage("index", p + ["--frames-out", w["frames"], "--test-out", w["test"],
                         "--report", str(work / "metrics/index_report.json")])
     stage("split", p + ["--index", w["frames"], "--out", w["split"], "--metrics", str(work / "metrics/split.json")])
@@ -408,14 +417,21 @@ def run(work: Path, args) -> dict:
     started = time.perf_counter()
     reused = args.reuse_frame_model and all((Path(w["predict"]) / f"{name}.parquet").is_file() for name in
                                             ("val", "test", "val_embeddings", "test_embeddings"))
+    # --reuse-features: a frozen backbone's features of these same videos (same --seed) are kept.
+    features_kept = args.reuse_features and (Path(w["embed"]) / "labelled.parquet").is_file()
+    if not (reused or features_kept):
+        stage("embed", p + ["--frames", w["split"], "--test", w["test"], "--held-out", str(work / "split/test.parquet"),
+                            "--cache", w["cache"], "--out", w["embed"]])
+    embed_s = time.perf_counter() - started
     if not reused:  # --reuse-frame-model: the frame model and its probabilities do not depend on what follows
         stage("train", p + ["--frames", w["split"], "--cache", w["cache"], "--prompts", w["prompts"],
+                            "--features", w["embed"],
                             "--model-out", w["model"], "--state-dir", str(work / "models/train_state"),
                             "--metrics", str(work / "metrics/train.json"), "--live-dir", str(work / "metrics/train")])
         stage("predict", p + ["--held-out", str(work / "split/test.parquet"), "--model", w["model"], "--frames",
-                              w["split"], "--test", w["test"], "--cache", w["cache"],
+                              w["split"], "--test", w["test"], "--cache", w["cache"], "--features", w["embed"],
                               "--out-dir", w["predict"], "--report", str(work / "metrics/predict.json")])
-    train_s = time.perf_counter() - started
+    train_s = time.perf_counter() - started - embed_s
     if args.temporal:
         stage("temporal", p + ["--predict-dir", w["predict"], "--frames", w["split"], "--out-dir", w["temporal"],
                                "--metrics", str(work / "metrics/temporal.json"),
@@ -465,7 +481,8 @@ def run(work: Path, args) -> dict:
         },
         **({"routes": route_counts(work / "metrics/route.json")} if args.temporal else {}),
         "settings": {
-            "model_source": params["model"]["source"],
+            "recipe": args.recipe, "model_source": params["model"]["source"],
+            "freeze_backbone": params["train"]["freeze_backbone"],
             "image_size": model_cfg.get("model_cfg", {}).get("vision_cfg", {}).get("image_size"),
             "train": {k: params["train"][k] for k in ("epochs", "batch_size", "lr_head", "lr_backbone",
                                                       "mixup_alpha", "samples_per_epoch")},
@@ -473,7 +490,8 @@ def run(work: Path, args) -> dict:
             "overrides": args.set, "thresholds_method": params["thresholds"]["method"],
             "torch_threads": args.threads or "default",
         },
-        "train": {"seconds": round(train_s, 1), "reused": reused, "best_epoch": train_metrics["best"].get("epoch"),
+        "train": {"seconds": round(train_s, 1), "embed_seconds": round(embed_s, 1), "reused": reused,
+                  "features_reused": bool(features_kept), "best_epoch": train_metrics["best"].get("epoch"),
                   "best_val_map": train_metrics["best"].get("val_map")},
     }
 
@@ -496,6 +514,12 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse-frame-model", action="store_true",
                         help="keep --work's trained model and predictions (train and predict skipped where "
                              "predict/ is complete): re-run only the stages after predict")
+    parser.add_argument("--reuse-features", action="store_true",
+                        help="keep --work's frozen-backbone features (embed skipped where embed/ is complete): a probe "
+                             "setting swept on the same videos trains and predicts from them")
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="apply recipes/NAME.yaml before the --set values (e.g. lite0_probe: a real pretrained "
+                             "backbone, frozen, its heads probed)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default; 1 is faster on a shared, loaded CPU)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -507,7 +531,11 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.work:
         work = Path(args.work)
-        if work.exists() and not args.reuse_frame_model:
+        if work.exists() and args.reuse_features and not args.reuse_frame_model:  # everything but the features
+            for entry in work.iterdir():
+                if entry.name != "embed":
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        elif work.exists() and not args.reuse_frame_model:
             shutil.rmtree(work)
         elif (work / "videos").exists():  # reuse keeps the model and predictions; the videos are rebuilt
             shutil.rmtree(work / "videos")

@@ -1,12 +1,14 @@
 """Real pixels across pictures: a learning curve over the number of distinct training stills.
 
     python -m bench.real_pixels_curve [--counts 20 45 90] [--seeds 3] [--work DIR] [--threads 1] [--tiny]
+        [--recipe lite0_probe]
 
 For every (N, seed), `bench.real_pixels --train-stills N --seed S --set base.seed=S` runs once in
 its own process with the documented real-pixels recipe (`RECIPE`): the held-out and validation
 videos are fixed by the seed, the training videos hold N distinct bleeding and N non-bleeding
 stills (no still or source picture shared with the other videos), about the same training
-frames for every N. Each run's JSON is kept in --work (`n<N>_s<S>.json`, its log beside it) and
+frames for every N. `--recipe NAME` runs `recipes/NAME.yaml` instead (a pretrained probe beside
+the from-scratch curve: the same videos per seed, so the baseline columns are the same). Each run's JSON is kept in --work (`n<N>_s<S>.json`, its log beside it) and
 a rerun with the same --work skips the runs already there.
 
 Prints one JSON object (also written to --out after every run, `complete` false until the last):
@@ -36,7 +38,8 @@ SOURCES = {"frame": "model", "auto": "model+temporal", "temporal": "temporal", "
 METRICS = ("auc", "ap", "temporal_ap@0.5", "temporal_ap@0.95", "test_map@0.5", "test_map@0.95")
 
 
-def run_point(work: Path, count: int, seed: int, threads: int, assignments: list[str], reuse: bool = False) -> dict:
+def run_point(work: Path, count: int, seed: int, threads: int, assignments: list[str], reuse: bool = False,
+              recipe: str | None = None) -> dict:
     """One (N, seed) run of bench.real_pixels in a child process; its JSON (kept in `work`).
     `reuse`: rerun the stages after predict on the run's kept frame model (`--reuse-frame-model`)."""
     name = f"n{count}_s{seed}"
@@ -45,7 +48,7 @@ def run_point(work: Path, count: int, seed: int, threads: int, assignments: list
         return json.loads(result_path.read_text())
     command = [sys.executable, "-m", "bench.real_pixels", "--threads", str(threads), "--seed", str(seed),
                "--train-stills", str(count), "--work", str(work / name), "--set", f"base.seed={seed}",
-               *(["--reuse-frame-model"] if reuse else [])]
+               *(["--reuse-frame-model"] if reuse else []), *(["--recipe", recipe] if recipe else [])]
     for assignment in assignments:
         command += ["--set", assignment]
     with log_path.open("w") as log:
@@ -121,31 +124,37 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="params override after the recipe, repeatable")
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="recipes/NAME.yaml instead of the from-scratch RECIPE (e.g. lite0_probe: a real "
+                             "pretrained backbone, frozen, its heads probed); --set values still apply after it")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 1 short epoch, 20 temporal steps")
     parser.add_argument("--reuse-frame-model", action="store_true",
                         help="rerun every point's stages after predict on its kept frame model (after a change "
                              "to the temporal stage, the route or the post-processing)")
     parser.add_argument("--out", default=None,
-                        help="JSON written here (default bench/results/real_pixels_curve.json; none with --tiny)")
+                        help="JSON written here (default bench/results/real_pixels_curve[_RECIPE].json; none with --tiny)")
     parser.add_argument("--table", default=None, metavar="JSON",
                         help="only print the Markdown tables of a saved curve JSON (no runs)")
     args = parser.parse_args(argv)
     if args.table:
         print(markdown_tables(json.loads(Path(args.table).read_text())), end="")
         return 0
-    assignments = RECIPE + (TINY if args.tiny else []) + args.set
-    out = Path(args.out) if args.out else None if args.tiny else ROOT / "bench/results/real_pixels_curve.json"
+    assignments = ([] if args.recipe else RECIPE) + (TINY if args.tiny else []) + args.set
+    default = f"bench/results/real_pixels_curve{'_' + args.recipe if args.recipe else ''}.json"
+    out = Path(args.out) if args.out else None if args.tiny else ROOT / default
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     seeds, runs = list(range(args.seeds)), {}
     result = {}
     for seed in seeds:  # every N of a seed before the next seed: a stopped curve still spans N
         for count in args.counts:
-            runs[count, seed] = run_point(work, count, seed, args.threads, assignments, args.reuse_frame_model)
+            runs[count, seed] = run_point(work, count, seed, args.threads, assignments, args.reuse_frame_model,
+                                          args.recipe)
             result = {"bench": "real_pixels_curve", "complete": len(runs) == len(seeds) * len(args.counts),
-                      "recipe": assignments, "counts": args.counts, "seeds": seeds,
+                      "recipe": assignments, "recipe_file": args.recipe, "counts": args.counts, "seeds": seeds,
                       "command": f"python -m bench.real_pixels --threads {args.threads} --seed S --train-stills N "
-                                 "--set base.seed=S" + "".join(f" --set {a}" for a in assignments),
+                                 "--set base.seed=S" + (f" --recipe {args.recipe}" if args.recipe else "")
+                                 + "".join(f" --set {a}" for a in assignments),
                       "held_out": "2 RARE-VISION-layout videos per seed (30 bleeding + 30 other stills), "
                                   "never trained or tuned on; 2 validation videos pinned (split.val_videos)",
                       "curve": summary(runs, args.counts, seeds)}

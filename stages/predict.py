@@ -47,6 +47,8 @@ def parse_args(argv):
     parser.add_argument("--held-out", default="data/split/test.parquet",
                         help="labelled test videos held out by split.test_videos (test and all parts)")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
+    parser.add_argument("--features", default="data/embed",
+                        help="frozen-backbone frame features (stage embed): a probe's model predicts from them")
     parser.add_argument("--out-dir", default=None, help="probabilities (and embeddings) written here "
                         "(None: data/predict_test/fold_<fold> for the test part, else data/predict/fold_<fold>)")
     parser.add_argument("--report", default=None, help="frame counts and undecodable frames (None: "
@@ -98,6 +100,17 @@ def job_for_test_set(args, data: DataParams, payload: dict):
     return "test", rows, "."
 
 
+def predict_from_features(args, model, backbone: str, split: str, rows, probs_out, embeddings_out,
+                          predict_params: PredictParams, device) -> dict:
+    """A frozen model's predictions: its heads on the embed stage's features of `rows` (no pixels
+    decoded, the backbone never run); its embeddings output is those features."""
+    from vce.data.features import read_features
+    from vce.infer.embed import probe_predict
+
+    features, valid = read_features(args.features, "test" if split == "test" else "labelled", rows, backbone)
+    return probe_predict(model, rows, features, valid, probs_out, embeddings_out, predict_params.batch_size, device)
+
+
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -127,6 +140,12 @@ def main(argv=None) -> int:
     report = {}
     for split, rows, root in jobs:
         embeddings = out / f"{split}_embeddings.parquet" if predict_params.embeddings else None
+        if payload.get("features"):  # a probe (train.freeze_backbone): its heads on the cached features
+            if not ddp.is_main:  # seconds of work: one process writes the files
+                continue
+            report[split] = predict_from_features(args, model, payload["features"], split, rows, out / f"{split}.parquet",
+                                                  embeddings, predict_params, device)
+            continue
         try:
             report[split] = predict_sharded(model, rows, root or ".", out / f"{split}.parquet", predict_params,
                                             device, embeddings, desc=f"predict {split} (fold {args.fold})",

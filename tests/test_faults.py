@@ -550,7 +550,8 @@ def test_events_never_end_past_a_videos_last_frame():
     from conftest import section_params
 
     from vce.post.engine import Engine, engine_submission
-    from vce.post.events import EventParams, build_timeline, probs_to_submission
+    from vce.post.events import EventParams, probs_to_submission
+    from vce.post.timeline import build_timeline
     from vce.post.runs import clip_to_videos
 
     engine = Engine.from_dict(json.loads((ROOT / "tests/golden/demo_engine.json").read_text()), "demo_engine")

@@ -189,6 +189,28 @@ def test_train_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, 
     assert check_all_or_nothing(monkeypatch, capsys, run, change, [out]) == 5
 
 
+def test_frozen_backbone_features_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    edit_params(work, "train", freeze_backbone=True)
+    embed = out_args(args["embed"], out=work / "out/embed")
+    change = lambda: edit_params(work, "base", seed=params_of(work)["base"]["seed"] + 1)  # noqa: E731  (the tiny tower's random init)
+    # scratch published at once (predict's probabilities and embeddings of each part: a failure
+    # there changes no output), then the set: labelled.parquet, test.parquet, meta.json
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("embed").main(embed), change, [work / "out"]) == 7
+
+
+def test_probe_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):
+    work, args = copy_of(pipeline, tmp_path)
+    edit_params(work, "train", freeze_backbone=True)
+    assert load_stage("embed").main(out_args(args["embed"], out=work / "embed")) == 0
+    out = work / "out"
+    train = out_args(args["train"], model_out=out / "model.pt", metrics=out / "train.json", live_dir=out / "live",
+                     state_dir=work / "state", features=work / "embed")
+    change = lambda: edit_params(work, "train", lr_head=2 * params_of(work)["train"]["lr_head"])  # noqa: E731
+    # the DVCLive folder, model.pt, train.json (no scratch: a probe keeps no resume state)
+    assert check_all_or_nothing(monkeypatch, capsys, lambda: load_stage("train").main(train), change, [out]) == 3
+
+
 # ----------------------------------------------------------------------------- after the model
 
 def test_ensemble_outputs_are_all_or_nothing_under_a_full_disk(pipeline, tmp_path, monkeypatch, capsys):

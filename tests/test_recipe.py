@@ -191,3 +191,21 @@ def test_the_readmes_apply_command_runs_as_typed(tmp_path):
     assert run.returncode == 0, run.stderr
     assert yaml.safe_load((tmp_path / "params.yaml").read_text()) == params_with(SEED)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_lite0_probe_recipe_validates_and_builds_the_real_backbone_frozen(packaged_efficientnet):
+    """recipes/lite0_probe.yaml: every value passes its section, and with the converted real weights
+    it builds a timm CNN without differential attention whose features the probe reads (1280-d)."""
+    from vce.model.frame_model import create_model
+
+    values = recipe.load_recipe("lite0_probe")
+    assert values["train.freeze_backbone"] is True and values["model.diff_attention"] is False
+    params = params_with({**values, "model.source": f"timm:local-dir:{packaged_efficientnet}"})
+    train = from_dict(TrainParams, params["train"], "train")
+    model_params = from_dict(ModelParams, params["model"], "model")
+    check_learning_rates(train, model_params.source)
+    model = create_model(model_params)
+    assert model.arch_config["embed_dim"] == 1280 and not model.has_prompts
+    with torch.no_grad():
+        features = model.eval().visual(torch.zeros(1, 3, 224, 224))
+    assert features.shape == (1, 1280) and torch.isfinite(features).all()

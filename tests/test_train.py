@@ -187,8 +187,13 @@ def test_freeze_backbone_trains_the_heads_only_and_the_model_predicts(demo, tmp_
     params = yaml.safe_load((demo_path / "params.yaml").read_text())
     params["train"].update(freeze_backbone=True, epochs=1)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    embed = list(args["embed"])
+    embed[embed.index("--params") + 1] = str(tmp_path / "params.yaml")
+    embed[embed.index("--out") + 1] = str(tmp_path / "embed")
+    assert load_stage("embed").main(embed) == 0  # the frozen tower's features, once (tests/test_embed.py)
     argv = train_argv(args, tmp_path)
     argv[argv.index("--params") + 1] = str(tmp_path / "params.yaml")
+    argv[argv.index("--features") + 1] = str(tmp_path / "embed")
     assert load_stage("train").main(argv) == 0
     torch.manual_seed(params["base"]["seed"])  # the stage's initial model
     prompts = load_prompt_embeddings(argv[argv.index("--prompts") + 1])
@@ -202,6 +207,7 @@ def test_freeze_backbone_trains_the_heads_only_and_the_model_predicts(demo, tmp_
     assert json.loads((tmp_path / "train.json").read_text())["final"]["lr_backbone"] == 0.0
     predict = list(args["predict"])
     for flag, value in (("--model", tmp_path / "model.pt"), ("--out-dir", tmp_path / "predict"),
+                        ("--features", tmp_path / "embed"),
                         ("--report", tmp_path / "predict.json"), ("--params", tmp_path / "params.yaml")):
         predict[predict.index(flag) + 1] = str(value)
     assert load_stage("predict").main(predict) == 0

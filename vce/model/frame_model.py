@@ -182,7 +182,10 @@ class VCEModel(nn.Module):
         self.label_text_embeddings.copy_(per_label)
 
     def forward(self, images: torch.Tensor) -> dict:
-        features = self.visual(images)  # (B, D)
+        return self.heads(self.visual(images))  # (B, 3, H, W) -> (B, D) -> the heads' outputs
+
+    def heads(self, features: torch.Tensor) -> dict:
+        """The heads on the image tower's features (B, D): what a probe trains on cached features."""
         cls_logits = self.classifier(self.dropout(self.excitation(features)))  # (B, 17)
         con_logits = None
         if self.has_prompts:
