@@ -15,7 +15,6 @@ from conftest import ROOT, section_params
 from test_timm_source import write_checkpoint
 from test_training_rules import Frames
 
-from vce.core.labels import NUM_LABELS
 from vce.core.params import ParamsError
 from vce.model.frame_model import ModelParams, create_model
 from vce.train.losses import LossParams, VCELoss
