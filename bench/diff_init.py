@@ -31,7 +31,7 @@ With a real pretrained ViT on real pixels (`--real-pixels`):
    cosine of the converted tower's embeddings to the pretrained one's on the held-out stills,
    then `--epochs` passes over the fine-tuning stills (flips, the loss above) at the seed
    recipe's pretrained rates (`--lr-head`, `--lr-backbone`), then held-out `blood` AP and AUC.
-Measured: docs/training.md (bench/results/diff_init_real_cpu.json).
+Measured: docs/training.md (bench/results/diff_init_real_cpu.json, diff_init_real_probe_cpu.json).
 """
 
 from __future__ import annotations
