@@ -58,6 +58,13 @@ def _pretrained_learning_rate(p: dict) -> None:
     check_learning_rates(p["train"], p["model"].source)
 
 
+def _diff_attention_fits_the_backbone(p: dict) -> None:
+    """Differential attention replaces ViT attention: a timm CNN has none (model.diff_attention: false)."""
+    from vce.model.frame_model import check_diff_attention
+
+    check_diff_attention(p["model"])
+
+
 def _temporal_needs_embeddings(p: dict) -> None:
     """The temporal route learns from the validation videos' frame embeddings, cross-fitted over
     them (`vce.infer.temporal_fit`): it needs the embeddings, and more than one explicit
@@ -80,7 +87,8 @@ def _draws_fill_a_batch(p: dict) -> None:
         raise ParamsError(f"train.samples_per_epoch = {draws}: fewer than one batch (train.batch_size = {batch})")
 
 
-CROSS_RULES = (_pretrained_learning_rate, _temporal_needs_embeddings, _draws_fill_a_batch)
+CROSS_RULES = (_pretrained_learning_rate, _diff_attention_fits_the_backbone, _temporal_needs_embeddings,
+               _draws_fill_a_batch)
 
 
 def validate_params(path: str | Path = "params.yaml") -> dict:

@@ -551,8 +551,8 @@ def test_events_never_end_past_a_videos_last_frame():
 
     from vce.post.engine import Engine, engine_submission
     from vce.post.events import EventParams, probs_to_submission
-    from vce.post.timeline import build_timeline
     from vce.post.runs import clip_to_videos
+    from vce.post.timeline import build_timeline
 
     engine = Engine.from_dict(json.loads((ROOT / "tests/golden/demo_engine.json").read_text()), "demo_engine")
     rng = np.random.default_rng(0)

@@ -75,7 +75,7 @@ def test_local_dir_loads_pretrained_weights_and_preprocess(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(x)["embedding"], clip.visual(x))
     assert plain.preprocess["mean"] == [0.1, 0.2, 0.3]
-    diff = create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}"))
+    diff = create_model(section_params(ModelParams, "model", source=f"local-dir:{tmp_path / 'ckpt'}", diff_init="neutral"))
     assert sum(isinstance(m, DiffAttention) for m in diff.modules()) == 4
     for block, original in zip(diff.visual.trunk.blocks, clip.visual.trunk.blocks):
         assert torch.equal(block.attn.qkv.weight, original.attn.qkv.weight)
@@ -158,7 +158,7 @@ def test_an_unreachable_hub_still_loads_what_the_cache_holds(tmp_path, unreachab
 
 def test_random_source_is_biomedclip_vit_b16_with_12_differential_blocks():
     with torch.device("meta"):  # architecture only: skip initialising 2 × 86 M parameters
-        model = create_model(section_params(ModelParams, "model", source="random"))
+        model = create_model(section_params(ModelParams, "model", source="random", diff_init="neutral"))
         plain = create_model(section_params(ModelParams, "model", source="random", diff_attention=False))
     trunk = model.visual.trunk
     assert len(trunk.blocks) == 12 and all(isinstance(b.attn, DiffAttention) for b in trunk.blocks)

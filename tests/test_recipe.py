@@ -16,7 +16,7 @@ from vce.train.trainer import TrainParams, check_learning_rates
 
 SEED = {"base.exact_cpu": False,
         "model.source": "hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224",
-        "model.excitation_reduction": 16,
+        "model.excitation_reduction": 16, "model.diff_init": "preserving",
         "train.epochs": 5, "train.batch_size": 128, "train.lr_head": 3e-4, "train.lr_backbone": 9e-5,
         "train.samples_per_epoch": 500_000, "train.final_div_factor": 40.0}
 

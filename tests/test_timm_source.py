@@ -101,23 +101,34 @@ def test_source_names_are_checked(tmp_path):
 def test_a_convnet_with_diff_attention_is_a_params_error(tmp_path):
     config = {"architecture": "resnet10t", "num_classes": 0, "model_args": {}, "pretrained_cfg": {"input_size": [3, 64, 64]}}
     write_checkpoint(tmp_path / "cnn", config)
-    with pytest.raises(ParamsError, match="model.diff_attention: resnet10t has no ViT blocks"):
+    with pytest.raises(ParamsError, match="model.diff_attention: resnet10t has no ViT attention blocks"):
         create_model(model_params(f"timm:local-dir:{tmp_path / 'cnn'}"))
     model = create_model(model_params(f"timm:local-dir:{tmp_path / 'cnn'}", diff_attention=False))
     assert model(torch.randn(1, 3, 64, 64))["cls_logits"].shape == (1, 17)
 
 
-def test_the_demo_trains_and_predicts_with_a_timm_checkpoint(tmp_path):
-    write_checkpoint(tmp_path / "ckpt")
-    args = prepare_demo(tmp_path, model={"source": f"timm:local-dir:{tmp_path / 'ckpt'}"},
-                        train={"epochs": 1, "samples_per_epoch": 64})
+CNN = {"architecture": "resnet10t", "num_classes": 0, "model_args": {}, "pretrained_cfg": {"input_size": [3, 64, 64]}}
+
+
+@pytest.mark.parametrize("config, model, train", [
+    (TINY_VIT, {}, {}),  # a ViT fine-tuned, differential attention (the default)
+    (CNN, {"diff_attention": False}, {"freeze_backbone": True}),  # a CNN probed (no attention to convert)
+], ids=["vit-fine-tune", "cnn-probe"])
+def test_the_demo_trains_and_predicts_with_a_timm_checkpoint(tmp_path, config, model, train):
+    write_checkpoint(tmp_path / "ckpt", config)
+    args = prepare_demo(tmp_path, model={"source": f"timm:local-dir:{tmp_path / 'ckpt'}", **model},
+                        train={"epochs": 1, "samples_per_epoch": 64, "lr_backbone": 1e-3, **train})  # pretrained: <= 1e-3
     assert load_stage("train").main(args["train"]) == 0
     assert load_stage("predict").main(args["predict"]) == 0
     saved = checkpoint.load(tmp_path / "models/model.pt")
-    assert saved["arch"]["vision_cfg"]["timm_model_name"] == "vit_tiny_patch16_224"
+    assert saved["arch"]["vision_cfg"]["timm_model_name"] == config["architecture"]
     probs = pd.read_parquet(tmp_path / "predict/val.parquet")
     assert len(probs) and probs["valid"].all()
     # the saved model rebuilds from its file alone (no checkpoint folder needed any more)
     (tmp_path / "ckpt" / "model.safetensors").unlink()
-    model, _ = checkpoint.load_model(tmp_path / "models/model.pt")
-    assert model.arch_config["diff_attention"] and model.arch_config["embed_dim"] == 32
+    rebuilt, _ = checkpoint.load_model(tmp_path / "models/model.pt")
+    assert rebuilt.arch_config["diff_attention"] == model.get("diff_attention", True)
+    if train.get("freeze_backbone"):  # a probe: the saved backbone is the checkpoint's, unchanged
+        _, state = write_checkpoint(tmp_path / "again", config)
+        trunk = rebuilt.visual.trunk.state_dict()
+        assert all(torch.equal(trunk[k], v) for k, v in state.items() if k in trunk and "num_batches" not in k)

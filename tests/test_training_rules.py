@@ -18,9 +18,9 @@ from vce.train.trainer import Trainer, TrainParams, evaluate, mixup
 class Frames(Dataset):
     """Random uint8 frames with random labels; keys are rows or (row, seed) like FrameDataset's."""
 
-    def __init__(self, count: int, seed: int):
+    def __init__(self, count: int, seed: int, size: int = 64):
         generator = torch.Generator().manual_seed(seed)
-        self.images = torch.randint(0, 256, (count, 3, 64, 64), dtype=torch.uint8, generator=generator)
+        self.images = torch.randint(0, 256, (count, 3, size, size), dtype=torch.uint8, generator=generator)
         self.targets = (torch.rand(count, NUM_LABELS, generator=generator) < 0.3).float()
 
     def __len__(self):

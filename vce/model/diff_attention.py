@@ -153,16 +153,41 @@ def convert_attention_preserving(attn: Attention, depth: int) -> PreservingDiffA
 DIFF_INIT = {"neutral": convert_attention, "preserving": convert_attention_preserving}
 
 
+def unconvertible(trunk: nn.Module, init: Literal["neutral", "preserving"]) -> str | None:
+    """Why `trunk` cannot take differential attention with `init`, in words; None when it can.
+
+    Convertible: a timm ViT, i.e. `trunk.blocks` whose every block has a plain timm `Attention`
+    as `.attn` (or one converted already). A CNN (timm's EfficientNet has `.blocks` too, of
+    convolution stages; a ResNet has none) has no attention to convert.
+    """
+    blocks = getattr(trunk, "blocks", None)
+    attentions = ([getattr(block, "attn", None) for block in blocks]
+                  if isinstance(blocks, (nn.Sequential, nn.ModuleList)) else [])
+    if not attentions or any(attn is None for attn in attentions):
+        return "has no ViT attention blocks to convert (a CNN?)"
+    for depth, attn in enumerate(attentions):
+        if isinstance(attn, (DiffAttention, PreservingDiffAttention)):
+            continue
+        try:
+            _check_plain(attn)
+        except (TypeError, ValueError) as err:
+            return f"blocks[{depth}].attn cannot be converted: {err}"
+        if init == "neutral" and attn.num_heads % 2:
+            return f"has {attn.num_heads} heads per block: diff_init neutral pairs heads (preserving does not)"
+    return None
+
+
 def convert_to_diff_attention(trunk: nn.Module, init: Literal["neutral", "preserving"] = "neutral") -> nn.Module:
     """Replace `trunk.blocks[i].attn` by differential attention in every block, in place.
 
     `init`: neutral (DiffAttention, the seed's parameter-neutral head pairing) or preserving
     (PreservingDiffAttention, the pretrained function kept at step 0); module docstring.
+    A trunk that cannot be converted (`unconvertible`) is a TypeError naming why.
     """
-    blocks = getattr(trunk, "blocks", None)
-    if blocks is None:
-        raise TypeError(f"{type(trunk).__name__} has no `blocks`: not a timm ViT")
-    for depth, block in enumerate(blocks):
+    reason = unconvertible(trunk, init)
+    if reason is not None:
+        raise TypeError(f"{type(trunk).__name__} {reason}")
+    for depth, block in enumerate(trunk.blocks):
         if isinstance(block.attn, (DiffAttention, PreservingDiffAttention)):
             continue
         block.attn = DIFF_INIT[init](block.attn, depth)

@@ -42,11 +42,11 @@ from vce.model.clip_source import (
     resolve_source,
     resolve_timm_source,
 )
-from vce.model.diff_attention import convert_to_diff_attention
+from vce.model.diff_attention import convert_to_diff_attention, unconvertible
 
 __all__ = [
     "ModelParams", "SourceError", "ImageTower", "Excitation", "VCEModel",
-    "create_model", "build_from_config",
+    "create_model", "build_from_config", "check_diff_attention",
 ]
 
 
@@ -211,7 +211,9 @@ class VCEModel(nn.Module):
 
     def param_groups(self, lr_head: float, lr_backbone: float, weight_decay: float) -> list[dict]:
         """AdamW groups: backbone (image tower) vs heads, no decay on norms, biases, λ, scale."""
-        no_decay_names = {f"visual.trunk.{n}" for n in self.visual.trunk.no_weight_decay()}
+        # timm ViTs name their 1-token tables (pos_embed, cls_token); a timm CNN has no such method
+        trunk_no_decay = getattr(self.visual.trunk, "no_weight_decay", None)
+        no_decay_names = {f"visual.trunk.{n}" for n in (trunk_no_decay() if trunk_no_decay else ())}
         groups = {
             (part, decay): [] for part in ("backbone", "head") for decay in (True, False)
         }
@@ -261,9 +263,7 @@ def _create_timm_model(params: ModelParams) -> VCEModel:
     config, weights = resolve_timm_source(params.source, params.cache_dir)
     vision_cfg = config["model_cfg"]["vision_cfg"]
     trunk = load_timm_trunk(vision_cfg, weights, params.source)
-    if params.diff_attention and getattr(trunk, "blocks", None) is None:
-        raise ParamsError(f"model.diff_attention: {vision_cfg['timm_model_name']} has no ViT blocks "
-                          "to convert; set it to false for this model")
+    _refuse_unconvertible(params, trunk, vision_cfg["timm_model_name"])
     arch = {
         "source": params.source,
         "vision_cfg": deepcopy(vision_cfg),
@@ -273,6 +273,30 @@ def _create_timm_model(params: ModelParams) -> VCEModel:
         "contrastive": False,
     }
     return VCEModel(arch, image_tower=ImageTower(vision_cfg, arch["embed_dim"], trunk=trunk))
+
+
+def _refuse_unconvertible(params: ModelParams, trunk: nn.Module, name: str) -> None:
+    reason = unconvertible(trunk, params.diff_init) if params.diff_attention else None
+    if reason is not None:
+        raise ParamsError(f"model.diff_attention: {name} {reason}; set it to false for this model")
+
+
+def check_diff_attention(params: ModelParams) -> None:
+    """The params check's early form of create_model's: `model.diff_attention: true` on a
+    timm:local-dir: architecture without ViT attention is a ParamsError, found from config.json
+    alone (the trunk built on the meta device: no weights read, no memory). Hub sources and
+    folders that cannot be read are left to create_model, which reports them."""
+    if not (params.diff_attention and params.source.startswith(TIMM_PREFIX + LOCAL_DIR_PREFIX)):
+        return
+    try:
+        config, _ = resolve_timm_source(params.source)
+        vision_cfg = config["model_cfg"]["vision_cfg"]
+        with torch.device("meta"):
+            trunk = timm.create_model(vision_cfg["timm_model_name"], pretrained=False,
+                                      num_classes=vision_cfg["timm_num_classes"], **vision_cfg["timm_model_args"])
+    except Exception:  # a missing folder, an unknown architecture: create_model's errors say it better
+        return
+    _refuse_unconvertible(params, trunk, vision_cfg["timm_model_name"])
 
 
 def build_from_config(arch: dict) -> VCEModel:

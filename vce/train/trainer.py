@@ -28,7 +28,7 @@ from vce.core.params import ParamsError, Section, require
 from vce.data.dataset import AugmentParams, EpochSampler, erasing_value, normalize_batch
 from vce.eval.frame_metrics import frame_metrics
 from vce.model import checkpoint
-from vce.model.clip_source import HF_HUB_PREFIX, LOCAL_DIR_PREFIX
+from vce.model.clip_source import HF_HUB_PREFIX, LOCAL_DIR_PREFIX, TIMM_PREFIX
 from vce.model.device import Distributed, autocast, resolve_device, setup_distributed
 from vce.train.augment import augment_batch
 
@@ -70,7 +70,7 @@ def check_learning_rates(params: TrainParams, source: str) -> None:
     The demo's `lr_backbone` (3e-3, a tiny model from scratch) is 33× the seed's 9e-5 for
     BiomedCLIP: switching only `model.source` would wash the pretrained weights out silently.
     """
-    pretrained = source.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX))
+    pretrained = source.startswith((HF_HUB_PREFIX, LOCAL_DIR_PREFIX, TIMM_PREFIX))  # timm: always loads weights
     if pretrained and not params.freeze_backbone and params.lr_backbone > MAX_PRETRAINED_LR and not params.allow_high_lr:
         raise ParamsError(
             f"train.lr_backbone = {params.lr_backbone:g} with the pretrained model.source {source!r}: above "
