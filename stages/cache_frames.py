@@ -2,15 +2,19 @@
 
 With `cache.enabled: false` (the default) it writes a folder that says so and the train and
 predict stages decode PNGs as usual. Enabled, training and prediction read raw pixels from
-`data/cache` instead of decoding (see vce/frame_cache.py for the layout).
+`data/cache` instead of decoding (see vce/frame_cache.py for the layout). Enabled on a machine
+without the frames it is an error naming the missing root (each frame would be cached as
+undecodable): there, `dvc exp run --allow-missing` skips this stage, whose output DVC never pushes.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vce.core import runner
+from vce.core.errors import DataError
 from vce.core.params import from_dict, load_params
 
 
@@ -42,6 +46,11 @@ def main(argv=None) -> int:
         write_disabled(args.out)
         print(f"frame cache disabled (cache.enabled: false): {args.out}/meta.json says so")
         return 0
+    roots = [("data.root", data.root)] + ([("data.test_root", data.test_root)] if data.test_root is not None else [])
+    for key, root in roots:
+        if not Path(root).is_dir():
+            raise DataError(f"frame root not found: {root} ({key}): the frame cache decodes the frames, "
+                            "so it is built where they are (cache.enabled: true)")
     columns = ["video_id", "frame", "path"]
     frames = read_index(args.frames, columns + ["split"])
     parts = [frames[frames["split"] == s][columns].assign(root=str(data.root))

@@ -6,6 +6,11 @@
 Reads the `data` section. Writes the labelled frames (Galar layout under data.root), the
 unlabelled test frames (RARE-VISION layout under data.test_root; an empty table when it is
 null) and a small report of counts and of every skipped or suspicious file (first few per kind).
+
+On a machine without the frames (neither data.root nor data.test_root is a folder there) that
+`dvc pull`ed this stage's outputs, it keeps them as they are and says so in one line: DVC runs
+this stage on every `dvc repro` / `dvc exp run` (`always_changed`), and the pulled index is the
+one the pulled models and probabilities were made from, so nothing downstream reruns.
 """
 
 from __future__ import annotations
@@ -28,10 +33,14 @@ def main(argv=None) -> int:
     parser.add_argument("--report", default="metrics/index_report.json", help="counts and warnings of the listing")
     args = parser.parse_args(argv)
     # Heavy imports here, not at the top: `--help` stays fast and pandas-free.
-    from vce.data.index import DataParams, build_index
+    from vce.data.index import DataParams, build_index, kept_index
 
     began = time.perf_counter()
     cfg = load_section(args.params, "data", DataParams)
+    kept = kept_index(cfg, args.frames_out, args.test_out, args.report)
+    if kept is not None:
+        print(kept, file=sys.stderr)
+        return 0
     frames, test, report = build_index(cfg)
     for line in report.summary_lines():
         print(line, file=sys.stderr)

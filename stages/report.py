@@ -9,7 +9,9 @@ data under `plots/` (declared in dvc.yaml's top-level `plots:`) and the markdown
 
 Also writes the offline exam viewer (`--viewer-dir`, `vce.viewer.build`): the validation videos
 and every test video (TP/FP marks where the test truth is known), the submission and the
-clinical list, with thumbnails of the frame files under `data.root` / `data.test_root`.
+clinical list, with thumbnails of the frame files under `data.root` / `data.test_root`. On a
+machine without those files (one that pulled the outputs to sweep the post-processing) the viewer is
+written all the same, each missing thumbnail marked unavailable, and one line says how many.
 """
 
 from __future__ import annotations
@@ -132,6 +134,9 @@ def main(argv=None) -> int:
     print(f"report: wrote {args.report} and {args.plots_dir}/")
     print(f"report: viewer {args.viewer_dir}/index.html: {viewer['videos']} videos, {viewer['thumbnails']} thumbnails, "
           f"{viewer['bytes'] / 1e6:.1f} MB")
+    if viewer["unavailable"]:  # a machine without the frames (or unreadable files): the viewer says so where they would be
+        print(f"report: viewer: {viewer['unavailable']} of {viewer['unavailable'] + viewer['thumbnails']} thumbnails "
+              f"unavailable: frame files not found or unreadable under {data.root} / {data.test_root}", file=sys.stderr)
     return 0
 
 

@@ -104,3 +104,19 @@ def test_tta_flip_averages_with_the_horizontally_flipped_frame():
     np.testing.assert_allclose(embedding, ((straight["embedding"] + flipped["embedding"]) / 2).numpy(), atol=1e-6)
     # and it is not the plain prediction (the tiny model is not flip-symmetric)
     assert np.abs(probs - _forward(model, images, plain, torch.device("cpu"))[0]).max() > 1e-4
+
+
+def test_an_enabled_cache_without_the_frames_is_an_error_naming_the_root(tmp_path, capsys):
+    """Each missing file would be cached as an undecodable frame, a new cache that reruns training (issue 50)."""
+    from conftest import load_stage, stage_args, tiny_params
+
+    params = tiny_params(tmp_path)
+    params["cache"]["enabled"] = True
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert load_stage("cache_frames").main(stage_args(tmp_path)["cache_frames"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: frame root not found: {tmp_path}/demo/galar (data.root): ")
+    assert not (tmp_path / "cache").exists()
+    params["cache"]["enabled"] = False  # disabled: no frame is read, the folder that says so is written
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert load_stage("cache_frames").main(stage_args(tmp_path)["cache_frames"]) == 0
+    assert (tmp_path / "cache" / "meta.json").read_text() == '{"enabled": false}\n'

@@ -373,6 +373,33 @@ def test_stage_error_exits_2_with_message_and_writes_nothing(tmp_path, capsys):
     assert "data.check_png_end = 'yes': must be true or false" in capsys.readouterr().err
 
 
+def test_without_the_frame_trees_the_stage_keeps_the_index_it_was_given(tmp_path, galar, capsys):
+    """Issue 50: a machine that pulled the index but has no frames keeps it byte for byte (DVC runs
+    the stage on every repro); only the index listed from this very data config, only with no tree."""
+    import shutil
+
+    test_layout(tmp_path / "test")
+    stage = load_stage()
+    assert stage.main(stage_paths(tmp_path)) == 0
+    listed = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    shutil.move(tmp_path / "galar", tmp_path / "galar.away")
+    assert stage.main(stage_paths(tmp_path)) == 2  # a test tree is here: list it, and the missing root is an error
+    assert capsys.readouterr().err == f"error: data root not found: {tmp_path}/galar (data.root)\n"
+    shutil.move(tmp_path / "test", tmp_path / "test.away")
+    assert stage.main(stage_paths(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"index: no frame tree on this machine ({tmp_path}/galar and {tmp_path}/test not found): "
+                          "kept the index listed where they are (36 labelled frames of 4 videos, 21 test frames;")
+    assert len(err.splitlines()) == 1 and {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == listed
+    # Another data config than the one the index was listed from: not kept, the usual error.
+    assert stage.main(stage_paths(tmp_path, labels_dir="Updated")) == 2
+    assert capsys.readouterr().err == f"error: data root not found: {tmp_path}/galar (data.root)\n"
+    shutil.move(tmp_path / "galar.away", tmp_path / "galar")  # the frames back: listed again
+    (tmp_path / "galar" / "Labels" / "40.csv").unlink()
+    assert stage.main(stage_paths(tmp_path, test_root=None)) == 0
+    assert json.loads((tmp_path / "out/report.json").read_text())["galar"]["videos"] == 3
+
+
 # ---------------------------------------------------------------- hostile files (issue 20)
 
 def test_two_label_csvs_for_one_video_is_an_error_naming_both(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -221,6 +222,25 @@ def test_an_unreadable_frame_leaves_a_gap_not_a_broken_link(tmp_path):
     data = _data(tmp_path / "v", "validation_7.html")
     shown = [data["thumbs"][i][0] for i in data["thumbsOf"]["pred-0-2"]]
     assert shown == [22, 44, 67] and summary["thumbnails"] == len(data["thumbs"])  # 0 and 89 unreadable
+
+
+def test_without_the_frame_files_the_viewer_is_written_and_says_frames_are_unavailable(tmp_path):
+    """A machine that pulled the outputs but has no frames (issue 50): every page, no thumbnail, each
+    granted entry marked unavailable (not "past the cap"), the index page counting them."""
+    rng = np.random.default_rng(4)
+    probs, files = _video(tmp_path, "7", 300, 1, rng)
+    files["path"] = [str(tmp_path / "elsewhere" / Path(p).name) for p in files["path"]]  # the frames are not here
+    video = {"videos": [v for v in PRED["videos"] if v["video_id"] == "7"]}
+    sets = [ViewerSet("validation", video, video, probs, files, {}, {"videos": GT["videos"][:1]})]
+    summary = write_viewer(tmp_path / "v", sets, SAVED, _params(events_per_label=1, max_thumbnails=40), 1, 0.158, None)
+    check_viewer(tmp_path / "v", {"validation": (video, video)})
+    data = _data(tmp_path / "v", "validation_7.html")
+    assert summary["thumbnails"] == 0 and data["thumbs"] == [] and not list((tmp_path / "v").rglob("*.jpg"))
+    assert summary["unavailable"] > 0 and data["thumbsOf"] and all(ids == [] for ids in data["thumbsOf"].values())
+    page = (tmp_path / "v" / "validation_7.html").read_text()
+    clinical_events = {ref.split("-")[1] for ref in data["thumbsOf"] if ref.startswith("clin-")}  # one row each
+    assert page.count("frames unavailable here") == len(clinical_events) > 0
+    assert f"{summary['unavailable']} of {summary['unavailable']} thumbnails unavailable" in (tmp_path / "v" / "index.html").read_text()
 
 
 def test_event_frames_and_the_plan():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv as _csv
 import difflib
+import json
 import re
 from pathlib import Path
 
@@ -380,6 +381,35 @@ def index_test(cfg: DataParams, report: IndexReport) -> pd.DataFrame:
     report.layouts["test"] = {"root": cfg.test_root, "videos": int(test["video_id"].nunique()),
                               "frames": len(test)}
     return test
+
+
+def frames_absent(cfg: DataParams) -> bool:
+    """True on a machine without the frames: neither data.root nor data.test_root is a folder here."""
+    return not Path(cfg.root).is_dir() and (cfg.test_root is None or not Path(cfg.test_root).is_dir())
+
+
+def kept_index(cfg: DataParams, frames_path, test_path, report_path) -> str | None:
+    """One line saying the index files are kept as they are, or None: list the frame trees.
+
+    Kept only on a machine without the frames (`frames_absent`) whose index files all exist and
+    whose report was listed from this very `data` config (root, labels_dir, test_root): the
+    outputs another machine listed and `dvc pull` brought here. Anything else lists the trees,
+    and a missing root is the usual error naming it.
+    """
+    paths = [Path(p) for p in (frames_path, test_path, report_path)]
+    if not frames_absent(cfg) or not all(p.is_file() for p in paths):
+        return None
+    try:
+        report = json.loads(paths[2].read_text())
+        galar, test = report["galar"], report["test"]
+        listed = (galar["root"], galar["labels_dir"], test["root"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if listed != (cfg.root, cfg.labels_dir, cfg.test_root):
+        return None
+    return (f"index: no frame tree on this machine ({cfg.root} and {cfg.test_root} not found): kept the index "
+            f"listed where they are ({galar['frames']} labelled frames of {galar['videos']} videos, "
+            f"{test['frames']} test frames; {paths[0]}, {paths[1]}, {paths[2]})")
 
 
 def build_index(cfg: DataParams) -> tuple[pd.DataFrame, pd.DataFrame, IndexReport]:

@@ -305,13 +305,14 @@ def _write_viewer(out_dir: Path, sets: list[ViewerSet], saved_thresholds: dict, 
         summaries.append(_set_summary(viewer_set, videos, rows))
         for label in LABELS if any(v.has_gt for v in videos) else ():
             (out_dir / label_page_name(viewer_set.name, label)).write_text(label_page(viewer_set.name, label, errors[(viewer_set.name, label)], thumbs))
-    (out_dir / "index.html").write_text(index_page(summaries))
+    (out_dir / "index.html").write_text(index_page(summaries, unavailable=len(frames) - len(files), wanted=len(frames)))
     for asset in ("viewer.js", "viewer.css"):
         shutil.copyfile(ASSETS / asset, out_dir / asset)
     clock.append(time.perf_counter())
     return {"videos": len(all_videos), "pages": len(list(out_dir.glob("*.html"))),
             "seconds": dict(zip(("matching", "thumbnails", "pages"), np.diff(clock).round(1).tolist())),
             "events": sum(len(v.pred) for v in all_videos), "thumbnails": len(files),
+            "unavailable": len(frames) - len(files),  # granted, but the frame file is missing or unreadable here
             "thumbnail_bytes": sum(n for _, n in files.values()),
             "bytes": sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())}
 

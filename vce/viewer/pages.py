@@ -42,18 +42,27 @@ def label_page_name(set_name: str, label: str) -> str:
     return f"label_{safe_file_name(set_name)}_{safe_file_name(label)}.html"
 
 
-def _thumb_strip(files: list[tuple[str, str]], cls: str = "strip") -> str:
-    """Thumbnails (file, caption) in a row; a note where the cap left an event without frames."""
-    if not files:
+UNAVAILABLE = "frames unavailable here (frame files not found or unreadable)"
+
+
+def _thumb_strip(files: list[tuple[str, str]] | None, cls: str = "strip") -> str:
+    """Thumbnails (file, caption) in a row; a note where the cap left an event without frames
+    (None) or where its frame files could not be read on this machine ([])."""
+    if files is None:
         return '<span class="nothumb">no thumbnails (past the cap)</span>'
+    if not files:
+        return f'<span class="nothumb">{UNAVAILABLE}</span>'
     return f'<span class="{cls}">' + "".join(
         f'<figure><img src="{escape(f)}" alt="{escape(c)}" loading="lazy"><figcaption>{escape(c)}</figcaption></figure>'
         for f, c in files) + "</span>"
 
 
-def _files(thumbs: tuple, key: tuple, k: int) -> list[tuple[str, str]]:
+def _files(thumbs: tuple, key: tuple, k: int) -> list[tuple[str, str]] | None:
+    """The entry's thumbnails (file, caption); None when the cap granted it none."""
     rows, by_key = thumbs
-    return [(rows[i][1], f"t {rows[i][0]} · p {_number(rows[i][2][k], 2)}") for i in by_key.get(key, [])]
+    if key not in by_key:
+        return None
+    return [(rows[i][1], f"t {rows[i][0]} · p {_number(rows[i][2][k], 2)}") for i in by_key[key]]
 
 
 # ----------------------------------------------------------------------------- index
@@ -97,12 +106,17 @@ def _set_section(summary: dict) -> str:
     return "\n".join(parts)
 
 
-def index_page(summaries: list[dict]) -> str:
+def index_page(summaries: list[dict], unavailable: int, wanted: int) -> str:
+    """The viewer's first page; `unavailable` of the `wanted` thumbnails had no readable frame file."""
     nav = " · ".join(f'<a href="#set-{escape(s["name"])}">{escape(SET_TITLES.get(s["name"], s["name"]))}</a>'
                      for s in summaries)
+    note = (f'<p class="nothumb">{unavailable} of {wanted} thumbnails unavailable: their frame files were not '
+            "found or unreadable where this viewer was written (a machine without the frames shows timelines, "
+            "events and scores, and no frames).</p>\n") if unavailable else ""
     body = (f"<header><h1>Exam viewer</h1><nav>{nav}</nav></header>\n<main>\n"
             "<p>Open a video for its timeline (ground truth, events marked TP/FP at tIoU 0.5 and 0.95, the "
             "probability of each label) and its frames; the clinical event list is on each video page.</p>\n"
+            + note
             + "\n".join(_set_section(s) for s in summaries) + "\n</main>")
     return _page("Exam viewer", body)
 

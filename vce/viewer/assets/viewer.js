@@ -186,7 +186,7 @@
     const what = { pred: "submission event, rank " + (ev.rank + 1) + " of " + rows.pred[ev.k].length,
       clin: "clinical event " + (ev.rank + 1) + " of " + rows.clin[ev.k].length,
       gt: "ground-truth event " + (ev.rank + 1) + " of " + rows.gt[ev.k].length }[ev.kind];
-    const ids = data.thumbsOf[ev.ref] || [];
+    const granted = ev.ref in data.thumbsOf, ids = data.thumbsOf[ev.ref] || [];
     const figs = ids.map((id, j) => {
       const [t, file, probs] = data.thumbs[id], p = probs[ev.k];
       const over = thr !== null && p !== null && p >= thr;
@@ -201,7 +201,9 @@
       '<button type="button" id="zoom-event">zoom to event</button></div>' +
       '<p class="facts">t ' + ev.s + "–" + ev.e + " (" + (ev.e - ev.s + 1) + " frames) · mean p(" + label + ") " + fmt(ev.mean) +
       (thr === null ? "" : " · threshold " + thr.toFixed(2)) + " · " + matchText(ev, 0) + " · " + matchText(ev, 1) + "</p>" +
-      (figs ? '<div class="thumbs">' + figs + "</div>" : '<p class="nothumb">No thumbnails for this event (past the cap).</p>') +
+      (figs ? '<div class="thumbs">' + figs + "</div>" : '<p class="nothumb">' + (granted
+        ? "No thumbnails for this event: its frame files were not found or unreadable where this viewer was written."
+        : "No thumbnails for this event (past the cap).") + "</p>") +
       '<p class="decision">' + label + ": " + data.decisions[ev.k] + "</p>" +
       (more ? '<p class="others">Also here: ' + more + "</p>" : "");
     document.getElementById("zoom-event").onclick = () => zoomTo(ev);
