@@ -161,8 +161,14 @@ class TemporalConvNet(nn.Module):
 
 
 def _crop_batch(seq: Sequences, chunk: int, count: int, rng: np.random.Generator):
-    """`count` random crops of `chunk` frames: (B, C, D) embeddings, (B, C) valid, (B, C, 17) labels."""
+    """`count` random crops of `chunk` frames: (B, C, D) embeddings, (B, C) valid, (B, C, 17) labels.
+
+    C is `chunk` cut to the longest video: a crop never holds more padding than the shortest
+    crop needs. (Without the cut, validation videos of 60 frames were trained in crops of 256,
+    4x the work of their frames: 147 s for 120 frames, issue 51. Videos as long as the chunk
+    draw the same crops either way.)"""
     lengths = np.diff(seq.offsets)
+    chunk = min(chunk, int(lengths.max()))
     video = rng.choice(len(lengths), size=count, p=lengths / lengths.sum())
     start = seq.offsets[video] + (rng.random(count) * np.maximum(lengths[video] - chunk + 1, 1)).astype(np.int64)
     take = np.minimum(lengths[video], chunk)
@@ -184,9 +190,26 @@ def temporal_loss(model: TemporalConvNet, embeddings: torch.Tensor, valid: torch
 
 def train_temporal(train: Sequences, params: TemporalParams, loss_params: LossParams, seed: int,
                    device: torch.device) -> tuple[TemporalConvNet, list[float]]:
-    """Train on random crops of the training videos; returns the model (eval mode) and step losses."""
+    """Train on random crops of the training videos; returns the model (eval mode) and step losses.
+
+    On the CPU the steps run on one thread: a step's tensors are small ((8, 256, 64) at the
+    defaults) and a second OpenMP thread costs more than it does. Measured on the 2-core machine
+    at load ~8 (issue 51), 100 steps: 42 frames 1.7 CPU-s / 2.3 s wall on one thread against
+    13.1 / 19.3 on two; 3,000 frames 5.4 / 14.6 against 23.2 / 48.7. (`base.exact_cpu` pins one
+    thread anyway: the demo's bytes do not change.)"""
     if train.labels is None or len(train.frames) == 0:
         raise DataError("temporal: no labelled training frames")
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _train(train, params, loss_params, seed, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(train: Sequences, params: TemporalParams, loss_params: LossParams, seed: int,
+           device: torch.device) -> tuple[TemporalConvNet, list[float]]:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = TemporalConvNet(train.embeddings.shape[1], params)
