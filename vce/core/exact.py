@@ -9,8 +9,13 @@ With `base.exact_cpu: true` a stage started from the command line re-executes it
 before numpy or torch is imported, with every library pinned to one code path and one thread:
 
 - ATen (torch's CPU kernels): `ATEN_CPU_CAPABILITY=avx2` (AVX2 kernels even on an AVX-512 CPU);
-- MKL (torch's matmul): conditional numerical reproducibility on its AVX2 path,
-  `MKL_CBWR=AVX2` and `MKL_ENABLE_INSTRUCTIONS=AVX2`;
+- MKL (torch's matmul, convolution's GEMM and ATen's VML exp/log): conditional numerical
+  reproducibility on its vendor-neutral branch, `MKL_CBWR=COMPATIBLE` (SSE4.2 at most). MKL picks
+  its code by CPU vendor: on its AVX2 branch an AMD CPU ran other kernels than an Intel one (8 of
+  the 26 ops of ../shared/numerics_probe.py differ under qemu's EPYC model, none under its Haswell
+  model; docs/reproducibility.md);
+- AdamW runs fused (`fused=True` in every optimiser): the unfused step's `sqrt` goes through MKL's
+  VML, which is not correctly rounded and differs by vendor on every MKL branch;
 - oneDNN (torch's convolutions): off (`vce.model.configure_torch`, when `vce.model` is imported; capped at
   SSE4.1 besides), since its blocking follows the CPU's cache sizes;
 - numpy's own SIMD loops: `NPY_DISABLE_CPU_FEATURES` lists every dispatched feature;
@@ -41,8 +46,8 @@ NUMPY_DISPATCHED = ("X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512_SKX AVX512_CLX A
 
 SETTINGS = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
     "ONEDNN_MAX_CPU_ISA": "SSE41",
     "DNNL_MAX_CPU_ISA": "SSE41",
     "NPY_DISABLE_CPU_FEATURES": NUMPY_DISPATCHED,

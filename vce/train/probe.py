@@ -84,7 +84,7 @@ def fit_probe(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet,
 def _fit_heads(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet, train_weights: np.ndarray,
                val: FeatureSet, device, log: Callable[[dict], None]) -> dict:
     ema = ModelEmaV3(model, decay=params.ema_decay, use_warmup=params.ema_warmup)
-    optimizer = torch.optim.AdamW(head_groups(model, params.lr_head, params.weight_decay))
+    optimizer = torch.optim.AdamW(head_groups(model, params.lr_head, params.weight_decay), fused=True)  # vce/core/exact.py
     # 2. The image trainer's draws: weighted by the rarest label, `samples_per_epoch` a epoch.
     sampler = EpochSampler(train_weights, params.samples_per_epoch or len(train), params.batch_size, seed)
     if sampler.steps < 1:
