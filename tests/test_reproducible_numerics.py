@@ -140,6 +140,23 @@ def test_a_cpu_without_the_pinned_kernels_is_told_its_bytes_will_differ(monkeypa
         torch.set_num_threads(threads)
 
 
+def test_what_the_pin_cannot_hold_is_named_in_one_line_each(tmp_path):
+    """Issue 49: a stage says before the work why its bytes may differ from dvc.lock's."""
+    from vce.model import lock_pins, numerics_caveats
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# comment==x\ntorch==2.14.1\nnumpy==2.4.6\n-e .\n")
+    pins = lock_pins(lock)
+    assert pins == {"torch": "2.14.1", "numpy": "2.4.6"}
+    assert lock_pins(tmp_path / "missing.lock") == {}
+    same = {"torch": "2.14.1+cu130", "numpy": "2.4.6", "scipy": "1.0"}
+    assert numerics_caveats("AVX2", "x86_64", same, pins) == []
+    assert numerics_caveats("AVX2", "aarch64", same, pins) == ["this is a aarch64 CPU, not x86-64"]
+    assert numerics_caveats("AVX2", "x86_64", {**same, "numpy": "2.5.0"}, pins) == [
+        "numpy 2.5.0 is installed, requirements.lock pins 2.4.6"]
+    assert numerics_caveats("DEFAULT", "x86_64", same, {}) == ["this CPU runs torch's DEFAULT kernels, not AVX2"]
+
+
 def test_only_true_switches_it_on_and_a_broken_params_file_is_left_to_the_stage(tmp_path):
     path = tmp_path / "p.yaml"
     for text, expected in (("base: {exact_cpu: true}", True), ("base: {exact_cpu: 'yes'}", False),
