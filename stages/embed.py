@@ -22,7 +22,7 @@ from vce.core.params import BaseParams, from_dict, load_params
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--frames", default="data/split/frames.parquet", help="labelled frame index (every fold)")

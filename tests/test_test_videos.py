@@ -108,7 +108,7 @@ def test_perfect_probabilities_of_the_held_out_videos_score_1(held_out_run):
     params["events"].update(style="tuple", median_window=1, fill_gap=0, min_length=1, presence="none",
                             multi_label=True, anatomy="none", per_label={})
     (tmp_path / "perfect_params.yaml").write_text(yaml.safe_dump(params))
-    (tmp_path / "half.json").write_text(json.dumps({"method": "f1", "thresholds": {k: 0.5 for k in LABELS}}))
+    (tmp_path / "half.json").write_text(json.dumps({"method": "f1", "probs": "frame", "thresholds": {k: 0.5 for k in LABELS}}))
     perfect_args = {name: [a.replace("params.yaml", "perfect_params.yaml") for a in argv] for name, argv in args.items()}
     events = perfect_args["events"] + ["--thresholds", str(tmp_path / "half.json"),
                                        "--test-probs", str(tmp_path / "perfect.parquet"),

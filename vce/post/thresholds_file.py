@@ -67,7 +67,7 @@ def read_thresholds(path) -> SavedThresholds:
         raise FileNotFoundError(f"{err} (run the thresholds stage)") from None
     check_saved(saved, path)
     engine = Engine.from_dict(saved["engine"], f"{path}:engine") if saved["method"] == "engine" else None
-    return SavedThresholds(saved["method"], saved["probs"], saved["thresholds"], saved["events"], engine, saved)
+    return SavedThresholds(saved["method"], saved["probs"], saved["thresholds"], saved.get("events"), engine, saved)
 
 
 def check_saved(saved, path) -> None:
