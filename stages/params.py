@@ -9,6 +9,13 @@ that read it. Each stage still validates its own sections when it runs (by hand 
 
 The section models live beside the code that uses them (`vce.train.trainer.TrainParams` …) and
 are imported by name when the check runs: `--help` stays light.
+
+It also writes `metrics/thresholds_reads.json` (beside `--out`), the one dependency DVC cannot state in
+dvc.yaml: the thresholds stage reads the `events` section only with `thresholds.method: map`
+(the search's starting point). The file holds that section under `map` and only the method
+otherwise, and the thresholds stage depends on it instead of on `events`: an `events` change
+reruns thresholds under `map`, and under `f1` / `engine` only the stages after it (a
+post-processing sweep on a machine without the frames, README "Train on one machine").
 """
 
 from __future__ import annotations
@@ -100,18 +107,31 @@ def validate_params(path: str | Path = "params.yaml") -> dict:
     return checked
 
 
+def thresholds_reads(checked: dict) -> dict:
+    """What the thresholds stage reads of `events`: the whole section under method map, else nothing."""
+    method = checked["thresholds"].method
+    if method != "map":
+        return {"method": method, "events": None}
+    return {"method": method, "events": checked["events"].model_dump(mode="json")}
+
+
 @runner.stage
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog=runner.module_prog(__spec__), description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--out", default="metrics/params_check.json", help="what was checked (constant content)")
+    parser.add_argument("--thresholds-reads", default=None,
+                        help="the events params the thresholds stage reads (method map), else only the method "
+                             "(None: thresholds_reads.json beside --out)")
     args = parser.parse_args(argv)
     from vce.core.io import write_json
 
     checked = validate_params(args.params)
+    reads = args.thresholds_reads or Path(args.out).with_name("thresholds_reads.json")
     write_json(args.out, {"sections": list(checked), "cross_rules": [rule.__name__.strip("_") for rule in CROSS_RULES]})
-    print(f"params: {len(checked)} sections and {len(CROSS_RULES)} cross-section rules of {args.params} hold -> {args.out}")
+    write_json(reads, thresholds_reads(checked))
+    print(f"params: {len(checked)} sections and {len(CROSS_RULES)} cross-section rules of {args.params} hold -> {args.out}, {reads}")
     return 0
 
 

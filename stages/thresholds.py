@@ -48,7 +48,6 @@ def main(argv=None) -> int:
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
     threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
-    event_params = from_dict(EventParams, params["events"], "events")
     seed = from_dict(BaseParams, params["base"], "base").seed
     frames = read_index(args.frames)
     probs_path = args.probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
@@ -66,6 +65,8 @@ def main(argv=None) -> int:
         val_frames = frames[frames["video_id"].isin(set(probs["video_id"]))]
         gt = labels_to_submission(labels_on_time(val_frames))
     if threshold_params.method == "map":
+        # `events` is read under map only (dvc.yaml: metrics/thresholds_reads.json says when).
+        event_params = from_dict(EventParams, params["events"], "events")
         thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
         tuned_events = tuned.model_dump()
     elif threshold_params.method == "engine":  # the score engine, fitted on the validation videos

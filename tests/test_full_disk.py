@@ -119,7 +119,8 @@ def out_args(args: list[str], **paths: Path) -> list[str]:
 # ----------------------------------------------------------------------------- before the model
 
 def test_params_check_is_kept_under_a_full_disk(tmp_path, monkeypatch, capsys):
-    """One write, constant content by design: the previous file (here an older one) survives."""
+    """Two writes (the check, constant by design, and what thresholds reads of events), published
+    together: a full disk at the first keeps the previous file (here an older one) and adds none."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "params_check.json").write_text('{"sections": ["base"]}\n')
@@ -130,8 +131,9 @@ def test_params_check_is_kept_under_a_full_disk(tmp_path, monkeypatch, capsys):
     one_line_error(capsys, f"cannot write {out / 'params_check.json'} (No space left on device)")
     assert _snapshot(out) == before and calls["n"] == 1
     calls = _disk_full_at(monkeypatch, 0)
-    assert load_stage("params").main(args) == 0 and calls["n"] == 1
+    assert load_stage("params").main(args) == 0 and calls["n"] == 2
     assert json.loads((out / "params_check.json").read_text())["sections"][0] == "base"
+    assert json.loads((out / "thresholds_reads.json").read_text()) == {"method": "engine", "events": None}
     assert _snapshot(out) != before
 
 

@@ -27,6 +27,28 @@ def test_the_repository_params_hold_and_the_output_does_not_move_with_valid_valu
     assert code == 0 and out.read_bytes() == first  # downstream stages rerun only for what they read
 
 
+@pytest.mark.parametrize("method", ["f1", "engine", "map"])
+def test_thresholds_reads_events_only_under_map(tmp_path, capsys, method):
+    """Issue 50: thresholds depends on this file, not on `events`; under f1 / engine an events sweep
+    must leave it as it was (thresholds does not rerun), under map it must change (the search starts there)."""
+    reads = tmp_path / "thresholds_reads.json"
+    code, _, _ = run_check(tmp_path, capsys, thresholds={"method": method})
+    first = reads.read_bytes()
+    code2, _, _ = run_check(tmp_path, capsys, thresholds={"method": method}, events={"median_window": 3})
+    assert code == code2 == 0
+    assert json.loads(first)["method"] == method
+    if method == "map":
+        assert reads.read_bytes() != first and json.loads(reads.read_text())["events"]["median_window"] == 3
+    else:
+        assert reads.read_bytes() == first and json.loads(first)["events"] is None
+
+
+def test_the_thresholds_stage_depends_on_what_it_reads_of_events_not_on_the_section():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert "events" not in stages["thresholds"]["params"] and "metrics/thresholds_reads.json" in stages["thresholds"]["deps"]
+    assert "events" in stages["events"]["params"]
+
+
 @pytest.mark.parametrize(("sections", "message"), [
     ({"events": {"median_window": 4}}, "error: events.median_window = 4: must be an odd integer\n"),
     ({"report": {"curve_points": 0}}, "error: report.curve_points = 0: must be >= "),
@@ -50,7 +72,8 @@ def test_a_bad_value_in_any_section_or_across_sections_is_one_line_naming_the_ke
 def test_every_other_stage_depends_on_the_check_so_dvc_runs_it_first():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     check = stages["params"]
-    assert check["outs"] == [{"metrics/params_check.json": {"cache": False}}]
+    assert check["outs"] == [{"metrics/params_check.json": {"cache": False}},
+                             {"metrics/thresholds_reads.json": {"cache": False}}]
     assert check["params"] == list(SECTIONS)  # any value change reruns the check
     lacking = [name for name, stage in stages.items() if name != "params"
                and "metrics/params_check.json" not in stage["deps"]]

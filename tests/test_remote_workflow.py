@@ -93,8 +93,8 @@ def test_the_readme_blocks_hold_the_commands_the_issue_names():
 
 def test_without_frames_only_the_stages_after_the_key_run_and_the_score_moves(machines):
     _, _, b, output = machines
-    # params checks every section; index keeps the pulled index; thresholds reads `events` (map's starting points).
-    assert ran(output) == {"params", "index", "thresholds", "events", "score", "report"}, output[-4000:]
+    # params checks every section; index keeps the pulled index; thresholds (f1) reads no `events`.
+    assert ran(output) == {"params", "index", "events", "score", "report"}, output[-4000:]
     assert "index: no frame tree on this machine" in output and "kept the index listed where they are" in output
     assert re.search(r"report: viewer: \d+ of \d+ thumbnails unavailable", output), output[-4000:]
     assert "median5" in output  # dvc exp show lists the experiment
