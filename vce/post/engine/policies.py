@@ -48,6 +48,17 @@ def _tuning(policy) -> dict:
 
 
 @dataclass(kw_only=True)
+class BasePolicy:
+    """What every kind of policy answers; each kind overrides what concerns it (so the engine's
+    phases ask the policy, and a new kind is one class here)."""
+
+    kind: ClassVar[str]
+
+    def check_numbers(self, where: str) -> None:
+        """Its fitted numbers are usable (`Engine.from_dict`): a `DataError` naming `where` if not."""
+
+
+@dataclass(kw_only=True)
 class RunSpec:
     """How a label's runs are decoded: `detector` "threshold" (`hysteresis_runs` at `threshold`
     with low/high `ratio`, median-filtered over `median_window`), "rank" (`quantile_runs`: each
@@ -96,7 +107,7 @@ class RunSpec:
 
 
 @dataclass(kw_only=True)
-class BoundaryPolicy:
+class BoundaryPolicy(BasePolicy):
     """A landmark's events from the posterior of the boundary it marks (`vce.post.engine.landmarks`):
     the crossing within `width` positions of the decoded one, tempered by `temperature`, each
     [offset, length, weight] of `spans` placed at it, scored by their summed probability times
@@ -126,7 +137,7 @@ class BoundaryPolicy:
 
 
 @dataclass(kw_only=True)
-class RunsPolicy(RunSpec):
+class RunsPolicy(RunSpec, BasePolicy):
     """Emit the decoded runs where the video's `evidence` (a `PRESENCE_FEATURES` name, or
     "joint": the `presence_model`'s score) reaches `gate` (None: every video with a run);
     `shares`: the label's `region_shares`, for the "region" feature; `boundary` (a landmark):
@@ -157,9 +168,13 @@ class RunsPolicy(RunSpec):
             policy.boundary = BoundaryPolicy.from_dict(data["boundary"])
         return policy
 
+    def check_numbers(self, where: str) -> None:
+        if self.presence_model is not None:
+            _check_presence_model(self.presence_model, f"{where}.presence_model")
+
 
 @dataclass(kw_only=True)
-class OffPolicy:
+class OffPolicy(BasePolicy):
     """Never emit the label (`shadow`: its best runs, which still cut the regions: `shadow_cuts`)."""
 
     kind: ClassVar[str] = "off"
@@ -177,7 +192,7 @@ class OffPolicy:
 
 
 @dataclass(kw_only=True)
-class AnchoredPolicy:
+class AnchoredPolicy(BasePolicy):
     """A landmark's events at (offset, length) `anchors` from the decoded boundary it marks."""
 
     kind: ClassVar[str] = "anchored"
@@ -195,7 +210,7 @@ class AnchoredPolicy:
 
 
 @dataclass(kw_only=True)
-class RegionPolicy:
+class RegionPolicy(BasePolicy):
     """A region's decoded run, its learned `variants` ((mode, a, b), `place_variant`), then its
     pieces cut at other labels' events, `cut_order` ("longest" or "shortest") first, where the
     run's length reaches `gate`."""
@@ -216,7 +231,7 @@ class RegionPolicy:
 
 
 @dataclass(kw_only=True)
-class HeadPolicy:
+class HeadPolicy(BasePolicy):
     """The mouth or the esophagus from the head posterior (`vce.post.head`) at `temperature`
     under the `length_priors`, its `candidates` best spans, where its probability of being in
     the video reaches `gate`."""
@@ -276,8 +291,7 @@ class Engine:
         policies = {label: _policy(policy, label, where) for label, policy in policies.items()}
         _check_numbers(values, where)
         for label, policy in policies.items():
-            if isinstance(policy, RunsPolicy) and policy.presence_model is not None:
-                _check_presence_model(policy.presence_model, f"{where}.policies[{label!r}].presence_model")
+            policy.check_numbers(f"{where}.policies[{label!r}]")
         return cls(**values, policies=policies)
 
 
