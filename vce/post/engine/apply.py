@@ -14,16 +14,14 @@ import numpy as np
 import pandas as pd
 
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
-from vce.post.arhmm import ar_decode_all, ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.arhmm import ar_decode_all
 from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import (
-    Candidates,
     SpanLists,
     anchored_candidates,
     gc_paused,
     head_candidates,
     region_candidates,
-    run_candidates,
 )
 from vce.post.engine.gate import gate_evidence, gated
 from vce.post.engine.landmarks import appended_events, apply_boundary
@@ -33,12 +31,9 @@ from vce.post.engine.policies import (
     BoundaryPolicy,
     Engine,
     HeadPolicy,
-    OffPolicy,
     RegionPolicy,
-    RunSpec,
     RunsPolicy,
 )
-from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
 from vce.post.runs import clip_to_videos
@@ -86,34 +81,15 @@ def _run_specs(engine: Engine):
     of labels left silent (`shadow_cuts`)."""
     for label in LABELS:
         policy = engine.policies[label]
-        if isinstance(policy, RunsPolicy):
-            yield label, policy
-        if isinstance(policy, OffPolicy) and policy.shadow is not None:
-            yield label, policy.shadow
+        for spec in (policy.emitted_runs, policy.shadow_runs):
+            if spec is not None:
+                yield label, spec
 
 
 def _reach(engine: Engine) -> int:
     """The timeline reach the engine's median windows need (shadow runs included): no window
     sees across two videos."""
     return max([1] + [spec.median_window // 2 for _, spec in _run_specs(engine)])
-
-
-def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path: np.ndarray,
-                 appended: bool = True) -> Candidates:
-    """A run spec's candidates; `appended` False: without the posterior runs (a shadow only cuts)."""
-    k = LABEL_INDEX[label]
-    runs = strength = alternatives = None
-    if spec.detector == "rank":
-        runs = quantile_runs(timeline, k, spec.share, spec.median_window)
-    if spec.detector == "ar":
-        runs = ar_runs(timeline, k, spec.ar_model, spec.ar_bias)
-        strength = ar_run_strength(timeline, k, spec.ar_model, spec.ar_bias)
-        if appended and spec.ar_levels:  # the posterior runs appended after the decoded ones
-            alternatives = ar_posterior_runs(timeline, k, spec.ar_model, spec.ar_bias, spec.ar_levels)
-    shares = spec.shares if isinstance(spec, RunsPolicy) else None
-    return run_candidates(timeline, k, spec.threshold, spec.median_window, spec.min_length, top_k, runs,
-                          ratio=spec.ratio, path=path, regions=spec.regions, shares=shares,
-                          strength=strength, alternatives=alternatives)
 
 
 def _cut_times(candidates) -> dict:
@@ -167,7 +143,7 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appen
     for label in LABELS:
         policy = engine.policies[label]
         if isinstance(policy, RunsPolicy):
-            c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
+            c = policy.decode_runs(timeline, label, engine.top_k, path, appended)
             c.evidence = gate_evidence(c.features, policy)
             if policy.boundary is not None and appended:  # a landmark's boundary candidates after its runs
                 if scores is None:
@@ -185,10 +161,10 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appen
         out[label] = gated(c, policy.gate)
     if not engine.region_cuts:
         return out, None, None
-    shadows = [(label, engine.policies[label].shadow) for label in LABELS
-               if isinstance(engine.policies[label], OffPolicy) and engine.policies[label].shadow is not None]
+    shadows = [(label, engine.policies[label].shadow_runs) for label in LABELS
+               if engine.policies[label].shadow_runs is not None]
     # The runs of labels left silent cut the regions too, after the emitted ones.
-    shadow = _cut_times(_policy_runs(timeline, label, spec, engine.top_k, path, False)
+    shadow = _cut_times(spec.decode_runs(timeline, label, engine.top_k, path, False)
                         for label, spec in shadows) if shadows else None
     return out, _cut_times(out.values()), shadow
 

@@ -17,9 +17,12 @@ from typing import ClassVar
 import numpy as np
 
 from vce.core.errors import DataError
-from vce.core.labels import LABELS, REGIONS
-from vce.post.arhmm import AR_MODEL_KEYS
+from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
+from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.engine.candidates import Candidates, run_candidates
 from vce.post.engine.params import PRESENCE_FEATURES
+from vce.post.engine.quantile_runs import quantile_runs
+from vce.post.timeline import Timeline
 
 
 class _Lacking(Exception):
@@ -53,6 +56,17 @@ class BasePolicy:
     phases ask the policy, and a new kind is one class here)."""
 
     kind: ClassVar[str]
+    silent: ClassVar[bool] = False  # never emits its label (off)
+
+    @property
+    def emitted_runs(self) -> RunSpec | None:
+        """The runs decoding whose runs it emits (runs), else None."""
+        return None
+
+    @property
+    def shadow_runs(self) -> RunSpec | None:
+        """The runs decoding that only cuts the regions (a silent label's `shadow_cuts`), else None."""
+        return None
 
     def check_numbers(self, where: str) -> None:
         """Its fitted numbers are usable (`Engine.from_dict`): a `DataError` naming `where` if not."""
@@ -88,6 +102,27 @@ class RunSpec:
     def spec(self) -> RunSpec:
         """The decoding alone (a runs policy's, without its gate)."""
         return RunSpec(**{f.name: getattr(self, f.name) for f in fields(RunSpec)})
+
+    def _gate_shares(self) -> list | None:
+        """The label's `region_shares` for the "region" gate feature (a runs policy's; None: 1 for every run)."""
+        return None
+
+    def decode_runs(self, timeline: Timeline, label: str, top_k: int, path: np.ndarray,
+                    appended: bool = True) -> Candidates:
+        """These runs' candidates on `timeline` (`path`: the decoded regions); `appended` False:
+        without the AR posterior runs (a shadow only cuts; the fit's cuts are the decoded runs)."""
+        k = LABEL_INDEX[label]
+        runs = strength = alternatives = None
+        if self.detector == "rank":
+            runs = quantile_runs(timeline, k, self.share, self.median_window)
+        if self.detector == "ar":
+            runs = ar_runs(timeline, k, self.ar_model, self.ar_bias)
+            strength = ar_run_strength(timeline, k, self.ar_model, self.ar_bias)
+            if appended and self.ar_levels:  # the posterior runs appended after the decoded ones
+                alternatives = ar_posterior_runs(timeline, k, self.ar_model, self.ar_bias, self.ar_levels)
+        return run_candidates(timeline, k, self.threshold, self.median_window, self.min_length, top_k, runs,
+                              ratio=self.ratio, path=path, regions=self.regions, shares=self._gate_shares(),
+                              strength=strength, alternatives=alternatives)
 
     def to_dict(self) -> dict:
         return {"detector": self.detector, "threshold": self.threshold, "ratio": self.ratio,
@@ -168,6 +203,13 @@ class RunsPolicy(RunSpec, BasePolicy):
             policy.boundary = BoundaryPolicy.from_dict(data["boundary"])
         return policy
 
+    @property
+    def emitted_runs(self) -> RunSpec:
+        return self
+
+    def _gate_shares(self) -> list | None:
+        return self.shares
+
     def check_numbers(self, where: str) -> None:
         if self.presence_model is not None:
             _check_presence_model(self.presence_model, f"{where}.presence_model")
@@ -178,9 +220,14 @@ class OffPolicy(BasePolicy):
     """Never emit the label (`shadow`: its best runs, which still cut the regions: `shadow_cuts`)."""
 
     kind: ClassVar[str] = "off"
+    silent: ClassVar[bool] = True
     tuning_ap: float | None = None
     detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
     shadow: RunSpec | None = None
+
+    @property
+    def shadow_runs(self) -> RunSpec | None:
+        return self.shadow
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **_tuning(self), **({} if self.shadow is None else {"shadow": self.shadow.to_dict()})}
