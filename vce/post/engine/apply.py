@@ -9,6 +9,7 @@ in time order, for people and the report.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -18,21 +19,16 @@ from vce.post.arhmm import ar_decode_all
 from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import (
     SpanLists,
-    anchored_candidates,
     gc_paused,
     head_candidates,
     region_candidates,
 )
-from vce.post.engine.gate import gate_evidence, gated
-from vce.post.engine.landmarks import appended_events, apply_boundary
+from vce.post.engine.gate import gated
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import (
-    AnchoredPolicy,
-    BoundaryPolicy,
     Engine,
     HeadPolicy,
     RegionPolicy,
-    RunsPolicy,
 )
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
@@ -74,6 +70,24 @@ def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict
         submission.append({"video_id": video_id, "events": ranked})
         clinical.append({"video_id": video_id, "events": sorted(clean, key=lambda e: (e["start"], e["end"], e["label"]))})
     return clip_to_videos(timeline, {"videos": submission}), clip_to_videos(timeline, {"videos": clinical})
+
+
+@dataclass
+class Decoding:
+    """What the policies decode from (their `decode_*` methods): the timeline, the engine, its
+    decoded region `path`; `appended` False: runs without what is appended after them (the fit's
+    cuts). The calibrated region emissions are computed once, when a policy first needs them."""
+
+    timeline: Timeline
+    engine: Engine
+    path: np.ndarray
+    appended: bool = True
+    scores: np.ndarray | None = None
+
+    def region_scores(self) -> np.ndarray:
+        if self.scores is None:
+            self.scores = region_emissions(self.timeline, self.engine.coef, self.engine.intercept)
+        return self.scores
 
 
 def _run_specs(engine: Engine):
@@ -140,25 +154,12 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appen
     out = {}
     ar_decode_all(timeline, [(LABEL_INDEX[label], spec.ar_model, spec.ar_bias) for label, spec in _run_specs(engine)
                              if spec.detector == "ar"])  # every decoding at once, then read from the cache
+    decoding = Decoding(timeline, engine, path, appended, scores)
     for label in LABELS:
         policy = engine.policies[label]
-        if isinstance(policy, RunsPolicy):
-            c = policy.decode_runs(timeline, label, engine.top_k, path, appended)
-            c.evidence = gate_evidence(c.features, policy)
-            if policy.boundary is not None and appended:  # a landmark's boundary candidates after its runs
-                if scores is None:
-                    scores = region_emissions(timeline, engine.coef, engine.intercept)
-                extra = apply_boundary(timeline, scores, path, label, policy.boundary).events
-                c.events, c.spans = appended_events(c.events, extra, engine.top_k), None
-        elif isinstance(policy, AnchoredPolicy):
-            c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy.anchors])
-        elif isinstance(policy, BoundaryPolicy):
-            if scores is None:
-                scores = region_emissions(timeline, engine.coef, engine.intercept)
-            c = apply_boundary(timeline, scores, path, label, policy)
-        else:
-            continue
-        out[label] = gated(c, policy.gate)
+        c = policy.decode_label(label, decoding)
+        if c is not None:
+            out[label] = gated(c, policy.gate)
     if not engine.region_cuts:
         return out, None, None
     shadows = [(label, engine.policies[label].shadow_runs) for label in LABELS

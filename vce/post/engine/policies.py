@@ -12,17 +12,21 @@ that lacks a key is refused naming the label and the key.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
 from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
-from vce.post.engine.candidates import Candidates, run_candidates
+from vce.post.engine.candidates import Candidates, anchored_candidates, run_candidates
+from vce.post.engine.gate import gate_evidence
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.timeline import Timeline
+
+if TYPE_CHECKING:
+    from vce.post.engine.apply import Decoding
 
 
 class _Lacking(Exception):
@@ -70,6 +74,10 @@ class BasePolicy:
 
     def check_numbers(self, where: str) -> None:
         """Its fitted numbers are usable (`Engine.from_dict`): a `DataError` naming `where` if not."""
+
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates | None:
+        """The label phase (findings and landmarks): its ungated candidates, or None (not emitted here)."""
+        return None
 
 
 @dataclass(kw_only=True)
@@ -170,6 +178,11 @@ class BoundaryPolicy(BasePolicy):
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
 
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        from vce.post.engine.landmarks import apply_boundary  # landmarks fits these policies: it imports this module
+
+        return apply_boundary(decoding.timeline, decoding.region_scores(), decoding.path, label, self)
+
 
 @dataclass(kw_only=True)
 class RunsPolicy(RunSpec, BasePolicy):
@@ -206,6 +219,18 @@ class RunsPolicy(RunSpec, BasePolicy):
     @property
     def emitted_runs(self) -> RunSpec:
         return self
+
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        """Its runs, their gate's evidence, a landmark's boundary candidates appended (not while
+        fitting the cuts: `decoding.appended` False)."""
+        from vce.post.engine.landmarks import appended_events  # landmarks fits these policies: it imports this module
+
+        c = self.decode_runs(decoding.timeline, label, decoding.engine.top_k, decoding.path, decoding.appended)
+        c.evidence = gate_evidence(c.features, self)
+        if self.boundary is not None and decoding.appended:  # a landmark's boundary candidates after its runs
+            extra = self.boundary.decode_label(label, decoding).events
+            c.events, c.spans = appended_events(c.events, extra, decoding.engine.top_k), None
+        return c
 
     def _gate_shares(self) -> list | None:
         return self.shares
@@ -254,6 +279,9 @@ class AnchoredPolicy(BasePolicy):
     @classmethod
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
+
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        return anchored_candidates(decoding.timeline, decoding.path, label, [tuple(a) for a in self.anchors])
 
 
 @dataclass(kw_only=True)
