@@ -21,14 +21,12 @@ from vce.post.engine.candidates import (
     SpanLists,
     gc_paused,
     head_candidates,
-    region_candidates,
 )
 from vce.post.engine.gate import gated
 from vce.post.engine.params import EngineParams
 from vce.post.engine.policies import (
     Engine,
     HeadPolicy,
-    RegionPolicy,
 )
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
@@ -175,11 +173,10 @@ def all_region_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, 
     """Each region's candidates, cut at `cuts` and `shadow` (`label_candidates`): gated, their
     pieces in the policy's `cut_order`; or (`order`, while fitting) ungated, in that order."""
     out = {}
-    for state, region in enumerate(REGIONS):
+    decoding = Decoding(timeline, engine, path)
+    for region in REGIONS:
         policy = engine.policies[region]
-        if not isinstance(policy, RegionPolicy):
-            continue
-        c = region_candidates(timeline, path, state, [tuple(v) for v in policy.variants], cuts, shadow,
-                              order or policy.cut_order)
-        out[region] = c if order else gated(c, policy.gate)
+        c = policy.decode_region(region, decoding, cuts, shadow, order)
+        if c is not None:
+            out[region] = c if order else gated(c, policy.gate)
     return out

@@ -19,7 +19,7 @@ import numpy as np
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
 from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
-from vce.post.engine.candidates import Candidates, anchored_candidates, run_candidates
+from vce.post.engine.candidates import Candidates, anchored_candidates, region_candidates, run_candidates
 from vce.post.engine.gate import gate_evidence
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.quantile_runs import quantile_runs
@@ -77,6 +77,12 @@ class BasePolicy:
 
     def decode_label(self, label: str, decoding: Decoding) -> Candidates | None:
         """The label phase (findings and landmarks): its ungated candidates, or None (not emitted here)."""
+        return None
+
+    def decode_region(self, region: str, decoding: Decoding, cuts: dict | None, shadow: dict | None,
+                      order: str | None = None) -> Candidates | None:
+        """The region phase: its region's ungated candidates, cut at the label phase's `cuts` and
+        `shadow` times, its pieces in `order` (None: its own), or None (not emitted here)."""
         return None
 
 
@@ -303,6 +309,11 @@ class RegionPolicy(BasePolicy):
     @classmethod
     def from_dict(cls, data: dict):
         return _build(cls, data, [key for key in ("variants", "cut_order") if key not in data])
+
+    def decode_region(self, region: str, decoding: Decoding, cuts: dict | None, shadow: dict | None,
+                      order: str | None = None) -> Candidates:
+        return region_candidates(decoding.timeline, decoding.path, REGIONS.index(region),
+                                 [tuple(v) for v in self.variants], cuts, shadow, order or self.cut_order)
 
 
 @dataclass(kw_only=True)
