@@ -8,8 +8,7 @@ in time order, for people and the report.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -17,17 +16,10 @@ import pandas as pd
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
 from vce.post.arhmm import ar_decode_all
 from vce.post.engine.calibration import calibrated, recentred
-from vce.post.engine.candidates import (
-    SpanLists,
-    gc_paused,
-    head_candidates,
-)
+from vce.post.engine.candidates import SpanLists, gc_paused
 from vce.post.engine.gate import gated
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import (
-    Engine,
-    HeadPolicy,
-)
+from vce.post.engine.policies import Engine
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
 from vce.post.runs import clip_to_videos
@@ -81,6 +73,7 @@ class Decoding:
     path: np.ndarray
     appended: bool = True
     scores: np.ndarray | None = None
+    heads: dict = field(default_factory=dict)  # the head posteriors' candidates by their settings (`decode_head`)
 
     def region_scores(self) -> np.ndarray:
         if self.scores is None:
@@ -131,16 +124,12 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores
     the head's regions from its posterior (`scores`: the calibrated region emissions)."""
     out, cuts, shadow = label_candidates(timeline, engine, path, scores=scores)
     out |= all_region_candidates(timeline, engine, path, cuts, shadow)
-    heads: dict = {}  # one posterior per (temperature, count, priors): both regions read it
+    decoding = Decoding(timeline, engine, path, scores=scores)
     for region in HEAD_REGIONS:
         policy = engine.policies[region]
-        if not isinstance(policy, HeadPolicy):
-            continue
-        key = (policy.temperature, policy.candidates, json.dumps(policy.length_priors))
-        if key not in heads:
-            heads[key] = head_candidates(timeline, path, scores, policy.length_priors, policy.temperature,
-                                         policy.candidates)
-        out[region] = gated(heads[key][region], policy.gate)
+        c = policy.decode_head(region, decoding)
+        if c is not None:
+            out[region] = gated(c, policy.gate)
     return out
 
 

@@ -11,6 +11,7 @@ that lacks a key is refused naming the label and the key.
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar
 
@@ -19,7 +20,13 @@ import numpy as np
 from vce.core.errors import DataError
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
 from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
-from vce.post.engine.candidates import Candidates, anchored_candidates, region_candidates, run_candidates
+from vce.post.engine.candidates import (
+    Candidates,
+    anchored_candidates,
+    head_candidates,
+    region_candidates,
+    run_candidates,
+)
 from vce.post.engine.gate import gate_evidence
 from vce.post.engine.params import PRESENCE_FEATURES
 from vce.post.engine.quantile_runs import quantile_runs
@@ -83,6 +90,10 @@ class BasePolicy:
                       order: str | None = None) -> Candidates | None:
         """The region phase: its region's ungated candidates, cut at the label phase's `cuts` and
         `shadow` times, its pieces in `order` (None: its own), or None (not emitted here)."""
+        return None
+
+    def decode_head(self, region: str, decoding: Decoding) -> Candidates | None:
+        """The head phase (the mouth and the esophagus): its region's ungated candidates, or None."""
         return None
 
 
@@ -336,6 +347,14 @@ class HeadPolicy(BasePolicy):
     @classmethod
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
+
+    def decode_head(self, region: str, decoding: Decoding) -> Candidates:
+        # One posterior per (temperature, count, priors): both head regions read it.
+        key = (self.temperature, self.candidates, json.dumps(self.length_priors))
+        if key not in decoding.heads:
+            decoding.heads[key] = head_candidates(decoding.timeline, decoding.path, decoding.region_scores(),
+                                                  self.length_priors, self.temperature, self.candidates)
+        return decoding.heads[key][region]
 
 
 Policy = OffPolicy | RunsPolicy | AnchoredPolicy | BoundaryPolicy | RegionPolicy | HeadPolicy
