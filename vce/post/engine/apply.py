@@ -17,9 +17,9 @@ from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
 from vce.post.arhmm import ar_decode_all
 from vce.post.engine.calibration import calibrated, recentred
 from vce.post.engine.candidates import SpanLists, gc_paused
+from vce.post.engine.fitted import Engine
 from vce.post.engine.gate import gated
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import Engine
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
 from vce.post.runs import clip_to_videos

@@ -23,9 +23,10 @@ from vce.post.engine.apply import all_region_candidates, engine_submission_on, l
 from vce.post.engine.calibration import calibrated, fit_temperatures, recentred
 from vce.post.engine.candidates import gc_paused, head_candidates
 from vce.post.engine.findings import phase_labels
+from vce.post.engine.fitted import Engine
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import Engine, HeadPolicy, OffPolicy
+from vce.post.engine.policies import HeadPolicy, OffPolicy
 from vce.post.engine.regions import (
     fit_calibration,
     label_truth,

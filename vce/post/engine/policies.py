@@ -1,4 +1,4 @@
-"""The fitted score engine as data: one typed policy per label, and its JSON (`models/thresholds.json`).
+"""The score engine's policies: one typed policy per label, its JSON, and how it decodes.
 
 A policy says how the engine emits one label: `off` (never), `runs` (decoded runs of its
 probabilities, gated per video), `anchored` (landmark events at learned offsets from a decoded
@@ -6,7 +6,10 @@ boundary), `boundary` (landmark events ranked by the posterior of the boundary i
 `vce.post.engine.landmarks`), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
 (the mouth and the esophagus from the head posterior, `vce.post.head`). Each `to_dict` writes
 the keys, in the order, that its `from_dict` reads back; a file written by an older version
-that lacks a key is refused naming the label and the key.
+that lacks a key is refused naming the label and the key. Each kind decodes itself in the
+phase it belongs to (`decode_label`, `decode_region`, `decode_head`; `BasePolicy` answers None
+for the others), so `vce.post.engine.apply` never asks which kind a policy is and a new kind is
+one class here. The engine that holds them: `vce.post.engine.fitted`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from vce.core.errors import DataError
-from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
+from vce.core.labels import LABEL_INDEX, REGIONS
 from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
 from vce.post.engine.candidates import (
     Candidates,
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
 
 
 class _Lacking(Exception):
-    """The keys a policy's JSON lacks (`Engine.from_dict` names them with the label)."""
+    """The keys a policy's JSON lacks (`policy_from_dict` names them with the label)."""
 
 
 def _required(cls) -> list[str]:
@@ -362,45 +365,7 @@ POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy,
                                           HeadPolicy)}
 
 
-@dataclass
-class Engine:
-    """The fitted decoder: region calibration and penalty, one policy per label (JSON via `to_dict`)."""
-
-    coef: list  # (5, 5) multinomial logistic regression weights on the region logits
-    intercept: list  # (5,)
-    switch_penalty: float
-    region_cuts: bool
-    top_k: int
-    policies: dict[str, Policy] = field(default_factory=dict)  # label -> its policy, in LABELS order
-    centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
-    durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
-    temperatures: list | None = None  # per label: [slope, offset] on the logit (finding_calibration), None: as it is
-    report: dict = field(default_factory=dict)  # what the fit measured (thresholds stage metrics), not saved here
-
-    def to_dict(self) -> dict:
-        return {"coef": self.coef, "intercept": self.intercept, "switch_penalty": self.switch_penalty,
-                "region_cuts": self.region_cuts, "top_k": self.top_k,
-                "policies": {label: policy.to_dict() for label, policy in self.policies.items()},
-                "centres": self.centres, "durations": self.durations, "temperatures": self.temperatures}
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "engine") -> Engine:
-        try:
-            values = {f.name: data[f.name] for f in fields(cls) if f.name != "report"}
-            policies = dict(values.pop("policies"))
-        except (KeyError, TypeError, ValueError) as err:
-            raise DataError(f"{where}: not a fitted score engine ({err})") from None
-        missing = [label for label in LABELS if label not in policies]
-        if missing:
-            raise DataError(f"{where}: no policy for label(s) {missing}")
-        policies = {label: _policy(policy, label, where) for label, policy in policies.items()}
-        _check_numbers(values, where)
-        for label, policy in policies.items():
-            policy.check_numbers(f"{where}.policies[{label!r}]")
-        return cls(**values, policies=policies)
-
-
-def _policy(data, label: str, where: str) -> Policy:
+def policy_from_dict(data, label: str, where: str) -> Policy:
     """One label's policy from its JSON, or a DataError naming the label and what is wrong."""
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in POLICY_KINDS:
@@ -412,27 +377,8 @@ def _policy(data, label: str, where: str) -> Policy:
                         "rerun the thresholds stage") from None
 
 
-def _check_numbers(values: dict, where: str) -> None:
-    """The engine's numbers are finite and of the fitted shapes: a NaN coefficient would make
-    every region path score NaN (no path to decode), a wrong shape a matmul traceback."""
-    n = len(REGIONS)
-    _finite_array(values["coef"], (n, n), f"{where}.coef")
-    _finite_array(values["intercept"], (n,), f"{where}.intercept")
-    _finite_array(values["switch_penalty"], (), f"{where}.switch_penalty")
-    if values["durations"] is not None:
-        _finite_array(values["durations"], (2, n), f"{where}.durations")
-    for key in ("centres", "temperatures"):
-        per_label = values[key]
-        if per_label is None:
-            continue
-        if not isinstance(per_label, list) or len(per_label) != len(LABELS):
-            raise DataError(f"{where}.{key}: expected a list of {len(LABELS)} (one per label) or null")
-        for label, value in zip(LABELS, per_label):
-            if value is not None:
-                _finite_array(value, () if key == "centres" else (2,), f"{where}.{key}[{label!r}]")
-
-
-def _finite_array(value, shape: tuple, key: str) -> None:
+def check_finite_array(value, shape: tuple, key: str) -> None:
+    """`value` as float64 has `shape` and is finite, or a `DataError` naming `key`."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -448,5 +394,5 @@ def _check_presence_model(model, key: str) -> None:
     if not isinstance(model, dict) or not {"mean", "scale", "coef", "intercept"} <= set(model):
         raise DataError(f"{key}: expected a mapping with mean, scale, coef and intercept")
     for name in ("mean", "scale", "coef"):
-        _finite_array(model[name], (len(PRESENCE_FEATURES),), f"{key}.{name}")
-    _finite_array(model["intercept"], (), f"{key}.intercept")
+        check_finite_array(model[name], (len(PRESENCE_FEATURES),), f"{key}.{name}")
+    check_finite_array(model["intercept"], (), f"{key}.intercept")
