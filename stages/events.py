@@ -7,7 +7,7 @@ params.yaml `events`, or from `models/thresholds.json` when `thresholds.method: 
 With `thresholds.method: engine` the fitted score engine (`vce.post.engine`) writes both lists:
 `val.json` / `submission.json` the metric-optimal submission (candidates appended per label),
 `clinical_val.json` / `clinical_submission.json` one event per run, for people and the report.
-Without it the two lists are the same events.
+Without it the two lists are the same events (`vce.post.decoder.decode` applies either).
 `post.probs` picks the probabilities: the frame model's (`data/predict`) or the temporal
 model's (`data/temporal`); `events.anatomy: viterbi` decodes regions as one monotone path.
 """
@@ -45,17 +45,12 @@ def main(argv=None) -> int:
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
     from vce.core.contracts import all_test_frames, probs_file, read_index, read_probs
     from vce.eval.score import check_submission
-    from vce.post.engine import engine_submission
-    from vce.post.events import EventParams, probs_to_submission, write_xlsx
-    from vce.post.thresholds_file import read_thresholds
+    from vce.post.decoder import decode, read_decoder
+    from vce.post.events import write_xlsx
     from vce.post.timeline import join_probs, require_every_frame
     params = load_params(args.params)
-    event_params = from_dict(EventParams, params["events"], "events")  # checked even when tuned replaces it
     source = from_dict(PostParams, params["post"], "post").probs
-    saved = read_thresholds(args.thresholds)  # read and checked once, before any output
-    thresholds, engine = saved.thresholds, saved.engine
-    if saved.events:
-        event_params = from_dict(EventParams, saved.events, f"{args.thresholds}:events")
+    decoder = read_decoder(args.thresholds, params["events"])  # read and checked once, before any output
     val_probs = args.val_probs or str(probs_file(source, "val", args.predict_dir, args.temporal_dir))
     test_probs = args.test_probs or str(probs_file(source, "test", args.predict_dir, args.temporal_dir))
     out = Path(args.out_dir)
@@ -68,10 +63,7 @@ def main(argv=None) -> int:
             require_every_frame(probs, frames, probs_path, args.test_frames)
         tables.append((name, join_probs(probs, frames)[0]))
     for name, probs in tables:
-        if engine is not None:  # metric-optimal submission and the clean clinical list
-            submission, clinical = engine_submission(probs, engine)
-        else:
-            submission = clinical = probs_to_submission(probs, thresholds, event_params)
+        submission, clinical = decode(decoder, probs)
         check_submission(submission, where=f"{name} events")
         write_json(out / f"{name}.json", submission, indent=None)
         write_json(out / f"clinical_{name}.json", clinical, indent=None)

@@ -3,7 +3,8 @@
 `thresholds.method: f1` maximises per-class frame F1 (the seed's way); `map` then tunes the
 thresholds and the event post-processing directly on validation temporal mAP, the score
 that counts; `engine` fits the score engine (`vce.post.engine`: decoded regions, learned
-candidates and presence gates) on the validation videos instead. `post.probs` picks the validation probabilities: the frame model's
+candidates and presence gates) on the validation videos instead (`vce.post.decoder` fits the one
+it names). `post.probs` picks the validation probabilities: the frame model's
 (`data/predict`) or the temporal model's (`data/temporal`). Writes `models/thresholds.json` (read by `events`) and a per-class metrics file.
 """
 
@@ -40,11 +41,10 @@ def main(argv=None) -> int:
     # Heavy imports here, not at the top: `--help` stays fast and numpy-free.
     from vce.core.contracts import probs_file, read_index, read_probs
     from vce.eval.frame_metrics import frame_metrics
-    from vce.post.engine import fit_engine, presence_rates, tuning_timeline
-    from vce.post.events import EventParams, labels_to_submission
-    from vce.post.thresholds import ThresholdParams, f1_thresholds, tune_on_map
+    from vce.post.decoder import fit_decoder
+    from vce.post.thresholds import ThresholdParams
     from vce.post.thresholds_file import write_thresholds
-    from vce.post.timeline import join_probs, labels_on_time
+    from vce.post.timeline import join_probs
     params = load_params(args.params)
     source = from_dict(PostParams, params["post"], "post").probs
     threshold_params = from_dict(ThresholdParams, params["thresholds"], "thresholds")
@@ -59,23 +59,10 @@ def main(argv=None) -> int:
     valid = probs["valid"].to_numpy()
     y_true = labels[valid]
     y_prob = probs[list(LABELS)].to_numpy()[valid]
-    thresholds = f1_thresholds(y_true, y_prob, threshold_params)
-    tuned_events, engine, report = None, None, {}
-    if threshold_params.method in ("map", "engine"):
-        val_frames = frames[frames["video_id"].isin(set(probs["video_id"]))]
-        gt = labels_to_submission(labels_on_time(val_frames))
-    if threshold_params.method == "map":
-        # `events` is read under map only (dvc.yaml: metrics/thresholds_reads.json says when).
-        event_params = from_dict(EventParams, params["events"], "events")
-        thresholds, tuned, report = tune_on_map(probs, gt, thresholds, event_params, threshold_params)
-        tuned_events = tuned.model_dump()
-    elif threshold_params.method == "engine":  # the score engine, fitted on the validation videos
-        # Presence rates over every labelled video it may learn from: a validation split is a small sample.
-        rates = presence_rates(frames)
-        fitted = fit_engine(tuning_timeline(probs, threshold_params.engine), gt, threshold_params.engine, seed, rates)
-        engine, report = fitted.to_dict(), fitted.report
+    fitted = fit_decoder(probs, labels, frames, threshold_params, params["events"], seed)
+    thresholds, report = fitted.thresholds, fitted.report
     per_class = frame_metrics(y_true, y_prob)
-    write_thresholds(args.out, threshold_params.method, source, thresholds, tuned_events, engine)
+    write_thresholds(args.out, fitted.method, source, thresholds, fitted.events, fitted.engine)
     write_json(args.metrics, {
         "method": threshold_params.method,
         "probs": source,

@@ -13,7 +13,7 @@ from vce.core.params import ParamsError, from_dict
 from vce.eval.score import average_precisions, check_submission, score
 from vce.post.engine import Engine, engine_submission, fit_engine, tuning_timeline
 from vce.post.engine.candidates import hysteresis_runs, learn_compatibility, region_candidates, run_candidates
-from vce.post.engine.fit import select_videos
+from vce.post.engine.fit import timeline_of_videos
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.regions import learn_durations, region_truth
 from vce.post.engine.variants import FROM_END, FROM_START, RUN, learn_anchors, learn_variants
@@ -333,10 +333,10 @@ def test_learned_durations_are_quantiles_of_the_training_runs():
     assert Engine.from_dict(json.loads(json.dumps(engine.to_dict()))).durations == [low, high]
 
 
-def test_select_videos_is_the_timeline_of_those_videos():
+def test_timeline_of_videos_is_the_timeline_of_those_videos():
     frame_probs, _ = _videos(3, seed=2)
     timeline = tuning_timeline(frame_probs, _engine_params())
-    part = select_videos(timeline, [2, 0])
+    part = timeline_of_videos(timeline, [2, 0])
     direct = tuning_timeline(pd.concat([frame_probs[frame_probs.video_id == v] for v in ("v2", "v0")]), _engine_params())
     assert part.video_ids == direct.video_ids == ["v2", "v0"]
     assert part.video_first.tolist() == direct.video_first.tolist()

@@ -9,7 +9,7 @@ from test_engine import _engine_params, _table, _videos
 from vce.core.labels import LABELS
 from vce.post.engine import cross_fit, engine_submission, fit_engine, tuning_timeline
 from vce.post.engine.candidates import _pieces, anchored_candidates, region_candidates, run_candidates
-from vce.post.engine.fit import select_videos
+from vce.post.engine.fit import timeline_of_videos
 from vce.post.engine.gate import fit_presence_model
 from vce.post.engine.variants import RUN, learn_anchors, learn_variants
 from vce.post.timeline import build_timeline
@@ -117,7 +117,7 @@ def test_cross_fit_needs_two_videos():
     params = _engine_params(cross_fit=False)
     timeline = tuning_timeline(frame_probs, params)
     assert set(cross_fit(timeline, gt, params)) == {"map@0.5", "map@0.95", "empty"}
-    assert cross_fit(select_videos(timeline, [0]), gt, params) is None
+    assert cross_fit(timeline_of_videos(timeline, [0]), gt, params) is None
 
 
 def test_the_tuning_timeline_reaches_half_the_widest_median_window():

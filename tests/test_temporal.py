@@ -234,7 +234,7 @@ def fold_workspace(workspace):
 
 
 def test_folds_cross_fit_validation_and_train_the_test_model_on_every_video(fold_workspace):
-    from vce.infer.temporal import select_videos
+    from vce.infer.temporal import sequences_of_videos
     from vce.infer.temporal_fit import load_split
 
     ws = fold_workspace
@@ -254,11 +254,11 @@ def test_folds_cross_fit_validation_and_train_the_test_model_on_every_video(fold
     full, _ = train_temporal(train, tparams, lparams, seed, cpu)
     for fold in range(3):
         held = set(fold_of.index[fold_of == fold])
-        model, _ = train_temporal(select_videos(train, set(fold_of.index) - held), tparams, lparams, seed + 1 + fold, cpu)
-        expected = refine(model, select_videos(train, held), cpu)
+        model, _ = train_temporal(sequences_of_videos(train, set(fold_of.index) - held), tparams, lparams, seed + 1 + fold, cpu)
+        expected = refine(model, sequences_of_videos(train, held), cpu)
         got = val[val["video_id"].isin(held)][list(LABELS)].to_numpy()
         np.testing.assert_array_equal(got, expected)  # refined by the model that never saw these videos
-        assert not np.allclose(np.nan_to_num(got), np.nan_to_num(refine(full, select_videos(train, held), cpu)))
+        assert not np.allclose(np.nan_to_num(got), np.nan_to_num(refine(full, sequences_of_videos(train, held), cpu)))
     test = load_split(ws / "predict", "test", None)
     np.testing.assert_array_equal(pd.read_parquet(ws / "temporal" / "test.parquet")[list(LABELS)].to_numpy(),
                                   refine(full, test, cpu))
@@ -289,7 +289,7 @@ def assert_out_of_sample(fitted, labelled):
 
 
 def test_one_split_trains_on_validation_only_each_video_refined_by_a_model_that_never_saw_it(workspace):
-    from vce.infer.temporal import select_videos
+    from vce.infer.temporal import sequences_of_videos
 
     frames = pd.read_parquet(workspace / "frames.parquet")
     (fitted, tparams, params), cpu = fit(workspace), torch.device("cpu")
@@ -298,10 +298,10 @@ def test_one_split_trains_on_validation_only_each_video_refined_by_a_model_that_
     assert not set(frames.query("split == 'train'")["video_id"]) & set().union(*fitted.provenance.values())
     lparams, seed = from_dict(LossParams, params["loss"], "loss"), params["base"]["seed"]
     for g, held in enumerate(fitted.metrics["cross_fit"]["groups"]):  # the provenance is what happened
-        model, _ = train_temporal(select_videos(fitted.val, set(fitted.provenance[held[0]])), tparams, lparams,
+        model, _ = train_temporal(sequences_of_videos(fitted.val, set(fitted.provenance[held[0]])), tparams, lparams,
                                   seed + 1 + g, cpu)
         rows = fitted.val.frames["video_id"].isin(held).to_numpy()
-        np.testing.assert_array_equal(fitted.val_probs[rows], refine(model, select_videos(fitted.val, set(held)), cpu))
+        np.testing.assert_array_equal(fitted.val_probs[rows], refine(model, sequences_of_videos(fitted.val, set(held)), cpu))
     full, _ = train_temporal(fitted.val, tparams, lparams, seed, cpu)  # test: the model of every validation video
     np.testing.assert_array_equal(fitted.test_probs, refine(full, fitted.test, cpu))
     assert not np.allclose(np.nan_to_num(fitted.val_probs), np.nan_to_num(refine(full, fitted.val, cpu)))

@@ -118,19 +118,16 @@ def main(argv=None) -> int:
     from vce.infer.temporal import align, build_sequences, probs_frame, read_embeddings, refine
     from vce.model import checkpoint
     from vce.model.device import resolve_device
-    from vce.post.engine import engine_submission
-    from vce.post.events import EventParams, probs_to_submission
+    from vce.post.decoder import decode, read_decoder
     from vce.post.thresholds import ThresholdParams
-    from vce.post.thresholds_file import read_thresholds
     from vce.post.timeline import join_probs
     from vce.viewer.build import check_page_names
 
     params = load_params(args.params)
     data = from_dict(DataParams, params["data"], "data")
     predict_params = from_dict(PredictParams, params["predict"], "predict")
-    saved = read_thresholds(args.thresholds)
-    thresholds, source, engine = saved.thresholds, saved.probs, saved.engine
-    event_params = from_dict(EventParams, saved.events or params["events"], f"{args.thresholds}:events" if saved.events else "events")
+    decoder = read_decoder(args.thresholds, params["events"])  # what the thresholds stage fitted, as the events stage reads it
+    saved, source = decoder.saved, decoder.saved.probs
     viewer = None  # checked before any model runs
     if args.viewer_dir:
         check_folder_output(args.viewer_dir)  # a folder the tool did not write is refused before the run, not after
@@ -164,10 +161,7 @@ def main(argv=None) -> int:
             frame = align(rows, probs, list(LABELS), "the fused probabilities").to_numpy("float32")
             probs = probs_frame(seq, mix(frame, refine(temporal.to(device), seq, device), routes))
     joined, _ = join_probs(probs, frames)
-    if engine is not None:  # thresholds.method engine: the metric-optimal submission, as the events stage writes
-        submission, clinical = engine_submission(joined, engine)
-    else:
-        submission = clinical = probs_to_submission(joined, thresholds, event_params)
+    submission, clinical = decode(decoder, joined)  # as the events stage writes them
     write_json(args.out, submission, indent=None)
     if args.clinical_out:
         write_json(args.clinical_out, clinical, indent=None)

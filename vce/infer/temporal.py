@@ -110,7 +110,7 @@ def build_sequences(frames: pd.DataFrame, embeddings: np.ndarray, valid: np.ndar
                      labels=labels, offsets=np.append(starts, n).astype(np.int64))
 
 
-def select_videos(seq: Sequences, videos: set[str]) -> Sequences:
+def sequences_of_videos(seq: Sequences, videos: set[str]) -> Sequences:
     """The rows of `seq` whose video is in `videos`, whole videos, order kept."""
     keep = seq.frames["video_id"].astype(str).isin(videos).to_numpy()
     return build_sequences(seq.frames[keep].reset_index(drop=True), seq.embeddings[keep], seq.valid[keep],

@@ -45,7 +45,7 @@ from vce.infer.temporal import (
     probs_frame,
     read_embeddings,
     refine,
-    select_videos,
+    sequences_of_videos,
     train_temporal,
 )
 from vce.train.losses import LossParams
@@ -127,9 +127,9 @@ def fit_temporal(predict_dir: Path, frames: pd.DataFrame, params: TemporalParams
     provenance: dict[str, frozenset[str]] = {}
     for g, held in enumerate(groups):  # each group's videos refined by a model that never saw them
         trained_on = frozenset(videos) - held
-        group_model, _ = train_temporal(select_videos(val, set(trained_on)), params, loss_params, seed + 1 + g, device)
+        group_model, _ = train_temporal(sequences_of_videos(val, set(trained_on)), params, loss_params, seed + 1 + g, device)
         rows = val.frames["video_id"].astype(str).isin(held).to_numpy()
-        val_probs[rows] = refine(group_model, select_videos(val, held), device)
+        val_probs[rows] = refine(group_model, sequences_of_videos(val, held), device)
         provenance |= dict.fromkeys(sorted(held), trained_on)
     provenance |= dict.fromkeys(video_ids(test), frozenset(videos))
     metrics = {"enabled": True, "device": device.type, "train_frames": len(val.frames), "train_videos": len(videos),

@@ -8,37 +8,18 @@ in time order, for people and the report.
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from vce.core.labels import LABEL_INDEX, LABELS, REGIONS
-from vce.post.arhmm import ar_decode_all, ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.arhmm import ar_decode_all
 from vce.post.engine.calibration import calibrated, recentred
-from vce.post.engine.candidates import (
-    Candidates,
-    SpanLists,
-    anchored_candidates,
-    gc_paused,
-    head_candidates,
-    region_candidates,
-    run_candidates,
-)
-from vce.post.engine.gate import gate_evidence, gated
-from vce.post.engine.landmarks import appended_events, apply_boundary
+from vce.post.engine.candidates import SpanLists, gc_paused
+from vce.post.engine.fitted import Engine
+from vce.post.engine.gate import gated
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import (
-    AnchoredPolicy,
-    BoundaryPolicy,
-    Engine,
-    HeadPolicy,
-    OffPolicy,
-    RegionPolicy,
-    RunSpec,
-    RunsPolicy,
-)
-from vce.post.engine.quantile_runs import quantile_runs
 from vce.post.engine.regions import decode, region_emissions
 from vce.post.head import HEAD_REGIONS
 from vce.post.runs import clip_to_videos
@@ -81,39 +62,39 @@ def engine_submission_on(timeline: Timeline, engine: Engine) -> tuple[dict, dict
     return clip_to_videos(timeline, {"videos": submission}), clip_to_videos(timeline, {"videos": clinical})
 
 
+@dataclass
+class Decoding:
+    """What the policies decode from (their `decode_*` methods): the timeline, the engine, its
+    decoded region `path`; `appended` False: runs without what is appended after them (the fit's
+    cuts). The calibrated region emissions are computed once, when a policy first needs them."""
+
+    timeline: Timeline
+    engine: Engine
+    path: np.ndarray
+    appended: bool = True
+    scores: np.ndarray | None = None
+    heads: dict = field(default_factory=dict)  # the head posteriors' candidates by their settings (`decode_head`)
+
+    def region_scores(self) -> np.ndarray:
+        if self.scores is None:
+            self.scores = region_emissions(self.timeline, self.engine.coef, self.engine.intercept)
+        return self.scores
+
+
 def _run_specs(engine: Engine):
     """(label, spec) of every run decoding the engine applies: emitted runs and the shadow runs
     of labels left silent (`shadow_cuts`)."""
     for label in LABELS:
         policy = engine.policies[label]
-        if isinstance(policy, RunsPolicy):
-            yield label, policy
-        if isinstance(policy, OffPolicy) and policy.shadow is not None:
-            yield label, policy.shadow
+        for spec in (policy.emitted_runs, policy.shadow_runs):
+            if spec is not None:
+                yield label, spec
 
 
 def _reach(engine: Engine) -> int:
     """The timeline reach the engine's median windows need (shadow runs included): no window
     sees across two videos."""
     return max([1] + [spec.median_window // 2 for _, spec in _run_specs(engine)])
-
-
-def _policy_runs(timeline: Timeline, label: str, spec: RunSpec, top_k: int, path: np.ndarray,
-                 appended: bool = True) -> Candidates:
-    """A run spec's candidates; `appended` False: without the posterior runs (a shadow only cuts)."""
-    k = LABEL_INDEX[label]
-    runs = strength = alternatives = None
-    if spec.detector == "rank":
-        runs = quantile_runs(timeline, k, spec.share, spec.median_window)
-    if spec.detector == "ar":
-        runs = ar_runs(timeline, k, spec.ar_model, spec.ar_bias)
-        strength = ar_run_strength(timeline, k, spec.ar_model, spec.ar_bias)
-        if appended and spec.ar_levels:  # the posterior runs appended after the decoded ones
-            alternatives = ar_posterior_runs(timeline, k, spec.ar_model, spec.ar_bias, spec.ar_levels)
-    shares = spec.shares if isinstance(spec, RunsPolicy) else None
-    return run_candidates(timeline, k, spec.threshold, spec.median_window, spec.min_length, top_k, runs,
-                          ratio=spec.ratio, path=path, regions=spec.regions, shares=shares,
-                          strength=strength, alternatives=alternatives)
 
 
 def _cut_times(candidates) -> dict:
@@ -143,16 +124,12 @@ def _all_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, scores
     the head's regions from its posterior (`scores`: the calibrated region emissions)."""
     out, cuts, shadow = label_candidates(timeline, engine, path, scores=scores)
     out |= all_region_candidates(timeline, engine, path, cuts, shadow)
-    heads: dict = {}  # one posterior per (temperature, count, priors): both regions read it
+    decoding = Decoding(timeline, engine, path, scores=scores)
     for region in HEAD_REGIONS:
         policy = engine.policies[region]
-        if not isinstance(policy, HeadPolicy):
-            continue
-        key = (policy.temperature, policy.candidates, json.dumps(policy.length_priors))
-        if key not in heads:
-            heads[key] = head_candidates(timeline, path, scores, policy.length_priors, policy.temperature,
-                                         policy.candidates)
-        out[region] = gated(heads[key][region], policy.gate)
+        c = policy.decode_head(region, decoding)
+        if c is not None:
+            out[region] = gated(c, policy.gate)
     return out
 
 
@@ -164,31 +141,18 @@ def label_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, appen
     out = {}
     ar_decode_all(timeline, [(LABEL_INDEX[label], spec.ar_model, spec.ar_bias) for label, spec in _run_specs(engine)
                              if spec.detector == "ar"])  # every decoding at once, then read from the cache
+    decoding = Decoding(timeline, engine, path, appended, scores)
     for label in LABELS:
         policy = engine.policies[label]
-        if isinstance(policy, RunsPolicy):
-            c = _policy_runs(timeline, label, policy, engine.top_k, path, appended)
-            c.evidence = gate_evidence(c.features, policy)
-            if policy.boundary is not None and appended:  # a landmark's boundary candidates after its runs
-                if scores is None:
-                    scores = region_emissions(timeline, engine.coef, engine.intercept)
-                extra = apply_boundary(timeline, scores, path, label, policy.boundary).events
-                c.events, c.spans = appended_events(c.events, extra, engine.top_k), None
-        elif isinstance(policy, AnchoredPolicy):
-            c = anchored_candidates(timeline, path, label, [tuple(a) for a in policy.anchors])
-        elif isinstance(policy, BoundaryPolicy):
-            if scores is None:
-                scores = region_emissions(timeline, engine.coef, engine.intercept)
-            c = apply_boundary(timeline, scores, path, label, policy)
-        else:
-            continue
-        out[label] = gated(c, policy.gate)
+        c = policy.decode_label(label, decoding)
+        if c is not None:
+            out[label] = gated(c, policy.gate)
     if not engine.region_cuts:
         return out, None, None
-    shadows = [(label, engine.policies[label].shadow) for label in LABELS
-               if isinstance(engine.policies[label], OffPolicy) and engine.policies[label].shadow is not None]
+    shadows = [(label, engine.policies[label].shadow_runs) for label in LABELS
+               if engine.policies[label].shadow_runs is not None]
     # The runs of labels left silent cut the regions too, after the emitted ones.
-    shadow = _cut_times(_policy_runs(timeline, label, spec, engine.top_k, path, False)
+    shadow = _cut_times(spec.decode_runs(timeline, label, engine.top_k, path, False)
                         for label, spec in shadows) if shadows else None
     return out, _cut_times(out.values()), shadow
 
@@ -198,11 +162,10 @@ def all_region_candidates(timeline: Timeline, engine: Engine, path: np.ndarray, 
     """Each region's candidates, cut at `cuts` and `shadow` (`label_candidates`): gated, their
     pieces in the policy's `cut_order`; or (`order`, while fitting) ungated, in that order."""
     out = {}
-    for state, region in enumerate(REGIONS):
+    decoding = Decoding(timeline, engine, path)
+    for region in REGIONS:
         policy = engine.policies[region]
-        if not isinstance(policy, RegionPolicy):
-            continue
-        c = region_candidates(timeline, path, state, [tuple(v) for v in policy.variants], cuts, shadow,
-                              order or policy.cut_order)
-        out[region] = c if order else gated(c, policy.gate)
+        c = policy.decode_region(region, decoding, cuts, shadow, order)
+        if c is not None:
+            out[region] = c if order else gated(c, policy.gate)
     return out

@@ -166,9 +166,9 @@ def _label_policy(timeline, objective: LabelObjective, params: EngineParams, pat
         if policy is not None and weight * value > best[0] + 1e-12:
             best = (weight * value, policy)
     value, policy = best
-    if label in LANDMARKS and params.landmark_candidates > 0 and boundary is not None and isinstance(policy, RunsPolicy):
+    if label in LANDMARKS and params.landmark_candidates > 0 and boundary is not None and policy.emitted_runs is not None:
         value, policy = _with_boundary(timeline, objective, params, path, gt, label, boundary, policy, value, weight)
-    off = isinstance(policy, OffPolicy)
+    off = policy.silent
     tuning_ap = round((value - margin if off else value) / max(len(silent), 1), 4)
     policy = replace(policy, tuning_ap=tuning_ap, detectors=detectors)
     if off and params.shadow_cuts and best_runs is not None:
@@ -218,9 +218,7 @@ def _with_boundary(timeline, objective: LabelObjective, params: EngineParams, pa
                    boundary: tuple, policy: RunsPolicy, value: float, weight: float) -> tuple[float, RunsPolicy]:
     """A landmark emitted as runs, with its boundary candidates appended where they add to its
     tuning AP (`appended_boundary`; the runs' gate unchanged); (its weighted value, the policy)."""
-    from vce.post.engine.apply import _policy_runs  # apply imports no phase module: no cycle
-
-    runs = _policy_runs(timeline, label, policy, params.top_k, path, appended=False)
+    runs = policy.decode_runs(timeline, label, params.top_k, path, appended=False)
     evidence = gate_evidence(runs.features, policy)
     emitted = np.isfinite(evidence) & (True if policy.gate is None else evidence >= policy.gate)
     scores, truth = boundary

@@ -23,9 +23,10 @@ from vce.post.engine.apply import all_region_candidates, engine_submission_on, l
 from vce.post.engine.calibration import calibrated, fit_temperatures, recentred
 from vce.post.engine.candidates import gc_paused, head_candidates
 from vce.post.engine.findings import phase_labels
+from vce.post.engine.fitted import Engine
 from vce.post.engine.gate import LabelObjective, fit_gate
 from vce.post.engine.params import EngineParams
-from vce.post.engine.policies import Engine, HeadPolicy, OffPolicy
+from vce.post.engine.policies import HeadPolicy, OffPolicy
 from vce.post.engine.regions import (
     fit_calibration,
     label_truth,
@@ -153,10 +154,10 @@ def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0,
     inner = params.replace(cross_fit=False)
     videos = []
     for fit_on, score_on in (halves, halves[::-1]):
-        fit_timeline = select_videos(timeline, fit_on)
+        fit_timeline = timeline_of_videos(timeline, fit_on)
         fit_gt = {"videos": [by_id[v] for v in fit_timeline.video_ids if v in by_id]}
         engine = fit_engine(fit_timeline, fit_gt, inner, seed, rates)
-        videos += engine_submission_on(select_videos(timeline, score_on), engine)[0]["videos"]
+        videos += engine_submission_on(timeline_of_videos(timeline, score_on), engine)[0]["videos"]
     truth = {"videos": [by_id[v["video_id"]] for v in videos if v["video_id"] in by_id]}
     result = score(truth, {"videos": videos})
     empty = score(truth, {"videos": [{"video_id": v["video_id"], "events": []} for v in videos]})
@@ -164,7 +165,7 @@ def cross_fit(timeline: Timeline, gt: dict, params: EngineParams, seed: int = 0,
             "empty": round(empty["map@0.5"], 4)}
 
 
-def select_videos(timeline: Timeline, videos) -> Timeline:
+def timeline_of_videos(timeline: Timeline, videos) -> Timeline:
     """The timeline of some of its videos (indices, in that order), separators kept."""
     cap = int(timeline.video_first[0]) if len(timeline.video_first) else 1
     size = len(timeline.observed)

@@ -11,6 +11,7 @@ its runs, or `joint`: a logistic model over all of them (`fit_presence_model`).
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,8 +23,10 @@ from vce.post.engine.calibration import logistic
 from vce.post.engine.candidates import Candidates, SpanLists
 from vce.post.engine.newton import newton_logistic
 from vce.post.engine.params import PRESENCE_FEATURES
-from vce.post.engine.policies import RunsPolicy
 from vce.post.timeline import Timeline
+
+if TYPE_CHECKING:  # the policies decode through this module's gates: it must not import them
+    from vce.post.engine.policies import RunsPolicy
 
 
 def _span_arrays(spans: list) -> tuple | None:

@@ -1,4 +1,4 @@
-"""The fitted score engine as data: one typed policy per label, and its JSON (`models/thresholds.json`).
+"""The score engine's policies: one typed policy per label, its JSON, and how it decodes.
 
 A policy says how the engine emits one label: `off` (never), `runs` (decoded runs of its
 probabilities, gated per video), `anchored` (landmark events at learned offsets from a decoded
@@ -6,24 +6,41 @@ boundary), `boundary` (landmark events ranked by the posterior of the boundary i
 `vce.post.engine.landmarks`), `region` (a region's decoded run, its learned variants and cut pieces) or `head`
 (the mouth and the esophagus from the head posterior, `vce.post.head`). Each `to_dict` writes
 the keys, in the order, that its `from_dict` reads back; a file written by an older version
-that lacks a key is refused naming the label and the key.
+that lacks a key is refused naming the label and the key. Each kind decodes itself in the
+phase it belongs to (`decode_label`, `decode_region`, `decode_head`; `BasePolicy` answers None
+for the others), so `vce.post.engine.apply` never asks which kind a policy is and a new kind is
+one class here. The engine that holds them: `vce.post.engine.fitted`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, dataclass, field, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from vce.core.errors import DataError
-from vce.core.labels import LABELS, REGIONS
-from vce.post.arhmm import AR_MODEL_KEYS
+from vce.core.labels import LABEL_INDEX, REGIONS
+from vce.post.arhmm import AR_MODEL_KEYS, ar_posterior_runs, ar_run_strength, ar_runs
+from vce.post.engine.candidates import (
+    Candidates,
+    anchored_candidates,
+    head_candidates,
+    region_candidates,
+    run_candidates,
+)
+from vce.post.engine.gate import gate_evidence
 from vce.post.engine.params import PRESENCE_FEATURES
+from vce.post.engine.quantile_runs import quantile_runs
+from vce.post.timeline import Timeline
+
+if TYPE_CHECKING:
+    from vce.post.engine.apply import Decoding
 
 
 class _Lacking(Exception):
-    """The keys a policy's JSON lacks (`Engine.from_dict` names them with the label)."""
+    """The keys a policy's JSON lacks (`policy_from_dict` names them with the label)."""
 
 
 def _required(cls) -> list[str]:
@@ -45,6 +62,42 @@ def _tuning(policy) -> dict:
     if getattr(policy, "detectors", None) is not None:
         out["detectors"] = policy.detectors
     return out
+
+
+@dataclass(kw_only=True)
+class BasePolicy:
+    """What every kind of policy answers; each kind overrides what concerns it (so the engine's
+    phases ask the policy, and a new kind is one class here)."""
+
+    kind: ClassVar[str]
+    silent: ClassVar[bool] = False  # never emits its label (off)
+
+    @property
+    def emitted_runs(self) -> RunSpec | None:
+        """The runs decoding whose runs it emits (runs), else None."""
+        return None
+
+    @property
+    def shadow_runs(self) -> RunSpec | None:
+        """The runs decoding that only cuts the regions (a silent label's `shadow_cuts`), else None."""
+        return None
+
+    def check_numbers(self, where: str) -> None:
+        """Its fitted numbers are usable (`Engine.from_dict`): a `DataError` naming `where` if not."""
+
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates | None:
+        """The label phase (findings and landmarks): its ungated candidates, or None (not emitted here)."""
+        return None
+
+    def decode_region(self, region: str, decoding: Decoding, cuts: dict | None, shadow: dict | None,
+                      order: str | None = None) -> Candidates | None:
+        """The region phase: its region's ungated candidates, cut at the label phase's `cuts` and
+        `shadow` times, its pieces in `order` (None: its own), or None (not emitted here)."""
+        return None
+
+    def decode_head(self, region: str, decoding: Decoding) -> Candidates | None:
+        """The head phase (the mouth and the esophagus): its region's ungated candidates, or None."""
+        return None
 
 
 @dataclass(kw_only=True)
@@ -78,6 +131,27 @@ class RunSpec:
         """The decoding alone (a runs policy's, without its gate)."""
         return RunSpec(**{f.name: getattr(self, f.name) for f in fields(RunSpec)})
 
+    def _gate_shares(self) -> list | None:
+        """The label's `region_shares` for the "region" gate feature (a runs policy's; None: 1 for every run)."""
+        return None
+
+    def decode_runs(self, timeline: Timeline, label: str, top_k: int, path: np.ndarray,
+                    appended: bool = True) -> Candidates:
+        """These runs' candidates on `timeline` (`path`: the decoded regions); `appended` False:
+        without the AR posterior runs (a shadow only cuts; the fit's cuts are the decoded runs)."""
+        k = LABEL_INDEX[label]
+        runs = strength = alternatives = None
+        if self.detector == "rank":
+            runs = quantile_runs(timeline, k, self.share, self.median_window)
+        if self.detector == "ar":
+            runs = ar_runs(timeline, k, self.ar_model, self.ar_bias)
+            strength = ar_run_strength(timeline, k, self.ar_model, self.ar_bias)
+            if appended and self.ar_levels:  # the posterior runs appended after the decoded ones
+                alternatives = ar_posterior_runs(timeline, k, self.ar_model, self.ar_bias, self.ar_levels)
+        return run_candidates(timeline, k, self.threshold, self.median_window, self.min_length, top_k, runs,
+                              ratio=self.ratio, path=path, regions=self.regions, shares=self._gate_shares(),
+                              strength=strength, alternatives=alternatives)
+
     def to_dict(self) -> dict:
         return {"detector": self.detector, "threshold": self.threshold, "ratio": self.ratio,
                 "median_window": self.median_window, "min_length": self.min_length, "regions": self.regions,
@@ -96,7 +170,7 @@ class RunSpec:
 
 
 @dataclass(kw_only=True)
-class BoundaryPolicy:
+class BoundaryPolicy(BasePolicy):
     """A landmark's events from the posterior of the boundary it marks (`vce.post.engine.landmarks`):
     the crossing within `width` positions of the decoded one, tempered by `temperature`, each
     [offset, length, weight] of `spans` placed at it, scored by their summed probability times
@@ -124,9 +198,14 @@ class BoundaryPolicy:
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
 
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        from vce.post.engine.landmarks import apply_boundary  # landmarks fits these policies: it imports this module
+
+        return apply_boundary(decoding.timeline, decoding.region_scores(), decoding.path, label, self)
+
 
 @dataclass(kw_only=True)
-class RunsPolicy(RunSpec):
+class RunsPolicy(RunSpec, BasePolicy):
     """Emit the decoded runs where the video's `evidence` (a `PRESENCE_FEATURES` name, or
     "joint": the `presence_model`'s score) reaches `gate` (None: every video with a run);
     `shares`: the label's `region_shares`, for the "region" feature; `boundary` (a landmark):
@@ -157,15 +236,43 @@ class RunsPolicy(RunSpec):
             policy.boundary = BoundaryPolicy.from_dict(data["boundary"])
         return policy
 
+    @property
+    def emitted_runs(self) -> RunSpec:
+        return self
+
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        """Its runs, their gate's evidence, a landmark's boundary candidates appended (not while
+        fitting the cuts: `decoding.appended` False)."""
+        from vce.post.engine.landmarks import appended_events  # landmarks fits these policies: it imports this module
+
+        c = self.decode_runs(decoding.timeline, label, decoding.engine.top_k, decoding.path, decoding.appended)
+        c.evidence = gate_evidence(c.features, self)
+        if self.boundary is not None and decoding.appended:  # a landmark's boundary candidates after its runs
+            extra = self.boundary.decode_label(label, decoding).events
+            c.events, c.spans = appended_events(c.events, extra, decoding.engine.top_k), None
+        return c
+
+    def _gate_shares(self) -> list | None:
+        return self.shares
+
+    def check_numbers(self, where: str) -> None:
+        if self.presence_model is not None:
+            _check_presence_model(self.presence_model, f"{where}.presence_model")
+
 
 @dataclass(kw_only=True)
-class OffPolicy:
+class OffPolicy(BasePolicy):
     """Never emit the label (`shadow`: its best runs, which still cut the regions: `shadow_cuts`)."""
 
     kind: ClassVar[str] = "off"
+    silent: ClassVar[bool] = True
     tuning_ap: float | None = None
     detectors: dict | None = None  # the detector choice's cross-fitted evidence (`findings._detector_family`)
     shadow: RunSpec | None = None
+
+    @property
+    def shadow_runs(self) -> RunSpec | None:
+        return self.shadow
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **_tuning(self), **({} if self.shadow is None else {"shadow": self.shadow.to_dict()})}
@@ -177,7 +284,7 @@ class OffPolicy:
 
 
 @dataclass(kw_only=True)
-class AnchoredPolicy:
+class AnchoredPolicy(BasePolicy):
     """A landmark's events at (offset, length) `anchors` from the decoded boundary it marks."""
 
     kind: ClassVar[str] = "anchored"
@@ -193,9 +300,12 @@ class AnchoredPolicy:
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
 
+    def decode_label(self, label: str, decoding: Decoding) -> Candidates:
+        return anchored_candidates(decoding.timeline, decoding.path, label, [tuple(a) for a in self.anchors])
+
 
 @dataclass(kw_only=True)
-class RegionPolicy:
+class RegionPolicy(BasePolicy):
     """A region's decoded run, its learned `variants` ((mode, a, b), `place_variant`), then its
     pieces cut at other labels' events, `cut_order` ("longest" or "shortest") first, where the
     run's length reaches `gate`."""
@@ -214,9 +324,14 @@ class RegionPolicy:
     def from_dict(cls, data: dict):
         return _build(cls, data, [key for key in ("variants", "cut_order") if key not in data])
 
+    def decode_region(self, region: str, decoding: Decoding, cuts: dict | None, shadow: dict | None,
+                      order: str | None = None) -> Candidates:
+        return region_candidates(decoding.timeline, decoding.path, REGIONS.index(region),
+                                 [tuple(v) for v in self.variants], cuts, shadow, order or self.cut_order)
+
 
 @dataclass(kw_only=True)
-class HeadPolicy:
+class HeadPolicy(BasePolicy):
     """The mouth or the esophagus from the head posterior (`vce.post.head`) at `temperature`
     under the `length_priors`, its `candidates` best spans, where its probability of being in
     the video reaches `gate`."""
@@ -236,52 +351,21 @@ class HeadPolicy:
     def from_dict(cls, data: dict):
         return _build(cls, data, [])
 
+    def decode_head(self, region: str, decoding: Decoding) -> Candidates:
+        # One posterior per (temperature, count, priors): both head regions read it.
+        key = (self.temperature, self.candidates, json.dumps(self.length_priors))
+        if key not in decoding.heads:
+            decoding.heads[key] = head_candidates(decoding.timeline, decoding.path, decoding.region_scores(),
+                                                  self.length_priors, self.temperature, self.candidates)
+        return decoding.heads[key][region]
+
 
 Policy = OffPolicy | RunsPolicy | AnchoredPolicy | BoundaryPolicy | RegionPolicy | HeadPolicy
 POLICY_KINDS = {cls.kind: cls for cls in (OffPolicy, RunsPolicy, AnchoredPolicy, BoundaryPolicy, RegionPolicy,
                                           HeadPolicy)}
 
 
-@dataclass
-class Engine:
-    """The fitted decoder: region calibration and penalty, one policy per label (JSON via `to_dict`)."""
-
-    coef: list  # (5, 5) multinomial logistic regression weights on the region logits
-    intercept: list  # (5,)
-    switch_penalty: float
-    region_cuts: bool
-    top_k: int
-    policies: dict[str, Policy] = field(default_factory=dict)  # label -> its policy, in LABELS order
-    centres: list | None = None  # per label: the tuning videos' median logit (recentre), None for regions / off
-    durations: list | None = None  # [min (5,), max (5,)] region run lengths in frames (the duration prior), None: any
-    temperatures: list | None = None  # per label: [slope, offset] on the logit (finding_calibration), None: as it is
-    report: dict = field(default_factory=dict)  # what the fit measured (thresholds stage metrics), not saved here
-
-    def to_dict(self) -> dict:
-        return {"coef": self.coef, "intercept": self.intercept, "switch_penalty": self.switch_penalty,
-                "region_cuts": self.region_cuts, "top_k": self.top_k,
-                "policies": {label: policy.to_dict() for label, policy in self.policies.items()},
-                "centres": self.centres, "durations": self.durations, "temperatures": self.temperatures}
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "engine") -> Engine:
-        try:
-            values = {f.name: data[f.name] for f in fields(cls) if f.name != "report"}
-            policies = dict(values.pop("policies"))
-        except (KeyError, TypeError, ValueError) as err:
-            raise DataError(f"{where}: not a fitted score engine ({err})") from None
-        missing = [label for label in LABELS if label not in policies]
-        if missing:
-            raise DataError(f"{where}: no policy for label(s) {missing}")
-        policies = {label: _policy(policy, label, where) for label, policy in policies.items()}
-        _check_numbers(values, where)
-        for label, policy in policies.items():
-            if isinstance(policy, RunsPolicy) and policy.presence_model is not None:
-                _check_presence_model(policy.presence_model, f"{where}.policies[{label!r}].presence_model")
-        return cls(**values, policies=policies)
-
-
-def _policy(data, label: str, where: str) -> Policy:
+def policy_from_dict(data, label: str, where: str) -> Policy:
     """One label's policy from its JSON, or a DataError naming the label and what is wrong."""
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in POLICY_KINDS:
@@ -293,27 +377,8 @@ def _policy(data, label: str, where: str) -> Policy:
                         "rerun the thresholds stage") from None
 
 
-def _check_numbers(values: dict, where: str) -> None:
-    """The engine's numbers are finite and of the fitted shapes: a NaN coefficient would make
-    every region path score NaN (no path to decode), a wrong shape a matmul traceback."""
-    n = len(REGIONS)
-    _finite_array(values["coef"], (n, n), f"{where}.coef")
-    _finite_array(values["intercept"], (n,), f"{where}.intercept")
-    _finite_array(values["switch_penalty"], (), f"{where}.switch_penalty")
-    if values["durations"] is not None:
-        _finite_array(values["durations"], (2, n), f"{where}.durations")
-    for key in ("centres", "temperatures"):
-        per_label = values[key]
-        if per_label is None:
-            continue
-        if not isinstance(per_label, list) or len(per_label) != len(LABELS):
-            raise DataError(f"{where}.{key}: expected a list of {len(LABELS)} (one per label) or null")
-        for label, value in zip(LABELS, per_label):
-            if value is not None:
-                _finite_array(value, () if key == "centres" else (2,), f"{where}.{key}[{label!r}]")
-
-
-def _finite_array(value, shape: tuple, key: str) -> None:
+def check_finite_array(value, shape: tuple, key: str) -> None:
+    """`value` as float64 has `shape` and is finite, or a `DataError` naming `key`."""
     try:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -329,5 +394,5 @@ def _check_presence_model(model, key: str) -> None:
     if not isinstance(model, dict) or not {"mean", "scale", "coef", "intercept"} <= set(model):
         raise DataError(f"{key}: expected a mapping with mean, scale, coef and intercept")
     for name in ("mean", "scale", "coef"):
-        _finite_array(model[name], (len(PRESENCE_FEATURES),), f"{key}.{name}")
-    _finite_array(model["intercept"], (), f"{key}.intercept")
+        check_finite_array(model[name], (len(PRESENCE_FEATURES),), f"{key}.{name}")
+    check_finite_array(model["intercept"], (), f"{key}.intercept")
