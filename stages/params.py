@@ -109,8 +109,10 @@ def validate_params(path: str | Path = "params.yaml") -> dict:
 
 def thresholds_reads(checked: dict) -> dict:
     """What the thresholds stage reads of `events`: the whole section under method map, else nothing."""
+    from vce.post.decoder import FIT_READS_EVENTS
+
     method = checked["thresholds"].method
-    if method != "map":
+    if method not in FIT_READS_EVENTS:
         return {"method": method, "events": None}
     return {"method": method, "events": checked["events"].model_dump(mode="json")}
 

@@ -56,7 +56,8 @@ def fit_decoder(frame_probs: pd.DataFrame, frame_labels: np.ndarray, frames: pd.
         return FittedDecoder("f1", thresholds, None, None, {})
     validation_frames = frames[frames["video_id"].isin(set(frame_probs["video_id"]))]
     gt = labels_to_submission(labels_on_time(validation_frames))
-    return _FITTERS[params.method](frame_probs, gt, frames, thresholds, params, events_section, seed)
+    reads = events_section if params.method in FIT_READS_EVENTS else None
+    return _FITTERS[params.method](frame_probs, gt, frames, thresholds, params, reads, seed)
 
 
 def _fit_map(frame_probs, gt, frames, thresholds, params: ThresholdParams, events_section, seed) -> FittedDecoder:
@@ -74,6 +75,10 @@ def _fit_engine(frame_probs, gt, frames, thresholds, params: ThresholdParams, ev
 
 
 _FITTERS = {"map": _fit_map, "engine": _fit_engine}
+# The methods whose fit reads params.yaml `events` (map: the search starts there). The others get
+# None, and the params stage writes the section into metrics/thresholds_reads.json for these only
+# (the thresholds stage's dvc.yaml dependency in place of `events`).
+FIT_READS_EVENTS = frozenset({"map"})
 
 
 @dataclass(frozen=True)
