@@ -8,6 +8,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 
+# The modules that take minutes (pytest --durations): collected first, so that pytest-xdist's
+# one-worker-per-module scheduling (pytest.ini: `-n auto --dist loadfile`) starts them at once
+# instead of leaving one worker alone with them at the end.
+SLOW_FIRST = ("test_readme_experiments.py", "test_remote_workflow.py", "test_pipeline.py", "test_folds.py",
+              "test_experiments.py", "test_train.py", "test_reproducible_numerics.py", "test_real_pixels.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: file order kept otherwise
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its share of the cores for in-process torch (no
+    oversubscribed OpenMP spin-waits on a 2-core machine); subprocesses keep their own settings."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
