@@ -175,6 +175,60 @@ def stage_args(tmp_path) -> dict[str, list[str]]:
 
 PREPARE = ["demo_data", "index", "split", "cache_frames", "prompts", "embed"]
 
+# The outputs every tiny demo shares whatever a test overrides elsewhere: the demo frames (the `demo`
+# section alone decides them) and the prompt embeddings (`base`, `model`, `prompts`). Built once per
+# session (once for all pytest-xdist workers, under a file lock) and copied into each test's folder;
+# tests/test_demo.py and tests/test_prompts.py check those stages themselves.
+SHARED_OUTPUTS = {"demo_data": (("demo",), "demo"), "prompts": (("base", "model", "prompts"), "models/prompt_embeddings.pt")}
+_shared_root: Path | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_outputs_root(tmp_path_factory):
+    """Where SHARED_OUTPUTS are built: beside the workers' temporary folders (one per session)."""
+    import os
+
+    global _shared_root
+    base = tmp_path_factory.getbasetemp()
+    _shared_root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-outputs"
+    _shared_root.mkdir(exist_ok=True)
+    yield _shared_root
+    _shared_root = None
+
+
+def _run_shared(name: str, params: dict, tmp_path: Path, args: list[str]) -> None:
+    """Run stage `name`, or copy its output from this session's first run with the same sections."""
+    import hashlib
+    import shutil
+
+    from filelock import FileLock
+
+    sections, output = SHARED_OUTPUTS[name]
+    if _shared_root is None:  # called outside a pytest session
+        assert load_stage(name).main(args) == 0, f"stage {name} failed"
+        return
+    key = hashlib.sha256(yaml.safe_dump({s: params[s] for s in sections}, sort_keys=True).encode()).hexdigest()[:16]
+    built = _shared_root / f"{name}-{key}"
+    with FileLock(f"{built}.lock"):
+        if not (built / "done").exists():
+            shutil.rmtree(built, ignore_errors=True)
+            built.mkdir()
+            own = dict(params)  # the stage run in `built`, its data paths there (demo_data writes only what they name)
+            own["data"] = {**params["data"], "root": str(built / "demo/galar"), "test_root": str(built / "demo/test")}
+            (built / "params.yaml").write_text(yaml.safe_dump(own))
+            own_args = list(args)
+            own_args[own_args.index("--params") + 1] = str(built / "params.yaml")
+            own_args[own_args.index("--out") + 1] = str(built / output)
+            assert load_stage(name).main(own_args) == 0, f"stage {name} failed"
+            (built / "done").touch()
+    target = Path(args[args.index("--out") + 1])
+    assert target == tmp_path / output, target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if (built / output).is_dir():
+        shutil.copytree(built / output, target)
+    else:
+        shutil.copy2(built / output, target)
+
 
 def prepare_demo(tmp_path, **overrides) -> dict[str, list[str]]:
     """Write tiny params (with per-section overrides) and run the stages before `train`."""
@@ -184,5 +238,8 @@ def prepare_demo(tmp_path, **overrides) -> dict[str, list[str]]:
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = stage_args(tmp_path)
     for name in PREPARE:
-        assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
+        if name in SHARED_OUTPUTS:
+            _run_shared(name, params, tmp_path, args[name])
+        else:
+            assert load_stage(name).main(args[name]) == 0, f"stage {name} failed"
     return args
