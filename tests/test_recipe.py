@@ -18,7 +18,7 @@ SEED = {"base.exact_cpu": False,
         "model.source": "hf-hub:microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224",
         "model.excitation_reduction": 16, "model.diff_init": "preserving",
         "train.epochs": 5, "train.batch_size": 128, "train.lr_head": 3e-4, "train.lr_backbone": 9e-5,
-        "train.samples_per_epoch": 500_000, "train.final_div_factor": 40.0}
+        "train.samples_per_epoch": 500_000, "train.final_div_factor": 40.0, "temporal.steps": 300}
 
 
 def params_with(overrides: dict) -> dict:
