@@ -10,6 +10,7 @@ from conftest import section_params
 from torch.utils.data import Dataset
 
 from vce.core.labels import NUM_LABELS
+from vce.model.device import Distributed
 from vce.model.frame_model import ModelParams, create_model
 from vce.train.losses import LossParams, VCELoss
 from vce.train.trainer import Trainer, TrainParams, evaluate, mixup
@@ -153,3 +154,81 @@ def test_device_augmentation_changes_what_the_step_sees(tmp_path, one_thread):
     off = make_trainer(tmp_path / "off", augment_on="device", mixup_alpha=0.0)
     loss_plain = off.train_step(frames.images, frames.targets, 5, None)
     assert loss_augmented != pytest.approx(loss_plain, rel=1e-6)
+
+
+def fit_recording(trainer):
+    """fit, keeping each best epoch's saved weights and record; returns (saves, result)."""
+    saved = []
+    result = trainer.fit(lambda model, record: saved.append(({k: v.clone() for k, v in model.state_dict().items()},
+                                                              dict(record))))
+    return saved, result
+
+
+def assert_same_saves(one, other):
+    assert [record for _, record in one] == [record for _, record in other]
+    for (state, _), (expected, _) in zip(one, other):
+        for key, tensor in expected.items():
+            assert torch.equal(state[key], tensor), key
+
+
+def test_background_validation_changes_no_record_and_no_saved_model(tmp_path, one_thread):
+    """Each epoch validated in a thread while the next trains: the same history, the same best
+    epochs saved with the same EMA weights as validating in line (3 epochs: two in the background)."""
+    runs = {}
+    for background in (True, False):
+        trainer = make_trainer(tmp_path / str(background), epochs=3, num_workers=1, ema_decay=0.9)
+        trainer.background_validation = lambda background=background: background
+        runs[background] = (*fit_recording(trainer), trainer)
+    (saves, result, trainer), (plain_saves, plain_result, plain) = runs[True], runs[False]
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
+    assert result["history"] == plain_result["history"] and result["best"] == plain_result["best"]
+    assert len(saves) >= 1
+    assert_same_saves(saves, plain_saves)
+    for key, tensor in plain.ema.module.state_dict().items():
+        assert torch.equal(trainer.ema.module.state_dict()[key], tensor), key
+
+
+def test_a_run_killed_before_its_background_validation_is_kept_resumes_it(tmp_path, one_thread):
+    """Killed in epoch 2 while epoch 1's validation was pending: the checkpoint holds epoch 1's EMA
+    and partial record, and the resumed run validates it first: history, saves and weights as uninterrupted."""
+    clean = make_trainer(tmp_path / "clean", epochs=3, num_workers=1, checkpoint_every=2, ema_decay=0.9)
+    clean.background_validation = lambda: True
+    clean_saves, clean_result = fit_recording(clean)
+
+    killed = make_trainer(tmp_path / "killed", epochs=3, num_workers=1, checkpoint_every=2, ema_decay=0.9)
+    killed.background_validation = lambda: True
+    step, calls = killed.train_step, []
+
+    def dies_in_epoch_two(*args):
+        calls.append(1)
+        if len(calls) == 7:  # 4 steps an epoch: after epoch 2's step-2 checkpoint
+            raise KeyboardInterrupt
+        return step(*args)
+
+    killed.train_step = dies_in_epoch_two
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(lambda model, record: None)
+    resumed = make_trainer(tmp_path / "killed", epochs=3, num_workers=1, checkpoint_every=2, ema_decay=0.9)
+    resumed.background_validation = lambda: True
+    assert resumed.try_resume() and (resumed.epoch, resumed.step) == (1, 2)
+    assert resumed.history == [] and resumed.pending is not None  # epoch 1 not yet validated when killed
+    saves, result = fit_recording(resumed)
+    assert result["history"] == clean_result["history"]
+    assert_same_saves(saves, [s for s in clean_saves if s[1]["epoch"] >= 1])
+    for key, tensor in clean.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], tensor), key
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({}, True),                                    # one CPU process, a thread to spare, decode workers
+    ({"num_workers": 0}, False),                   # the thread would decode under the trainer's GIL
+    ({"threads": 2}, False),                       # every core already computes the step
+    ({"world": 2}, False),                         # DDP: no collectives from a second thread
+])
+def test_background_validation_only_where_a_core_is_idle(tmp_path, monkeypatch, change, expected):
+    trainer = make_trainer(tmp_path, num_workers=change.get("num_workers", 1))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: change.get("threads", 1))
+    if "world" in change:
+        monkeypatch.setattr(trainer, "ddp", Distributed(rank=0, world=change["world"]))
+    assert trainer.background_validation() is expected

@@ -8,9 +8,11 @@ checkpoint ends with exactly the weights of an uninterrupted one (on CPU).
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -177,6 +179,7 @@ class Trainer:
         self.fingerprint = fingerprint
         self.log = log or (lambda record: None)
         self.epoch, self.step, self.history, self.best = 0, 0, [], None
+        self.pending = None  # (partial record, EMA state) of an epoch whose validation is not kept yet
         self.epoch_losses, self.epoch_skipped = [], 0  # running, so a mid-epoch resume logs the same
         self.cycle = (0, params.epochs)  # OneCycle spans epochs [start, end)
         # augment_on device: workers only decode; batches are augmented here (vce/train/augment.py).
@@ -205,7 +208,7 @@ class Trainer:
         checkpoint.save(self.state_path, {
             "fingerprint": self.fingerprint, "epoch": self.epoch, "step": self.step,
             "cycle": list(self.cycle), "history": self.history, "best": self.best,
-            "epoch_losses": self.epoch_losses, "epoch_skipped": self.epoch_skipped,
+            "epoch_losses": self.epoch_losses, "epoch_skipped": self.epoch_skipped, "pending": self.pending,
             "model": self.model.state_dict(), "ema": self.ema.module.state_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
         })
@@ -241,6 +244,7 @@ class Trainer:
         self.epoch, self.step = state["epoch"], state["step"]
         self.history, self.best = state["history"], state["best"]
         self.epoch_losses, self.epoch_skipped = state["epoch_losses"], state["epoch_skipped"]
+        self.pending = state.get("pending")
         if extend:  # train.extend: a finished run continued ("from 5 to 10"), a new cycle over the new epochs
             print(f"extending the finished {written_for}-epoch run in {self.state_path} to {epochs} epochs")
             self.cycle = (written_for, epochs)
@@ -271,62 +275,110 @@ class Trainer:
         self.ema.update(self.model, step=self.epoch * self.steps_per_epoch + self.step)
         return loss.item()
 
+    def background_validation(self) -> bool:
+        """Whether an epoch's validation runs on a spare core while the next epoch trains.
+
+        Only where a core is idle and nothing else is shared: one CPU process (no DDP collectives
+        in a second thread) with fewer intra-op threads than cores (the exact demo trains on one
+        thread of two: its validation, 40 of ~380 s, then costs no wall time), and decode workers
+        (without them the thread would decode in Python, under the trainer's GIL). The numbers do
+        not change: the same EMA weights, the same single-thread kernels, the same records in the
+        same order (tests/test_training_rules.py)."""
+        return (self.device.type == "cpu" and self.ddp.world == 1 and self.params.num_workers > 0
+                and torch.get_num_threads() < (os.cpu_count() or 1))
+
     def fit(self, on_best: Callable[[object, dict], None]) -> dict:
-        """Train until `params.epochs`; call on_best(ema_model, record) on each new best epoch."""
+        """Train until `params.epochs`; call on_best(ema_model, record) on each new best epoch.
+
+        An epoch's validation may run in a background thread during the next epoch
+        (`background_validation`); its record is then kept at the next epoch's end. A checkpoint
+        written meanwhile holds the finished epoch's EMA and partial record (`pending`): a resumed
+        run validates it first, so the history and the best epoch are those of an uninterrupted run."""
         # Progress bars only on a terminal; the per-epoch line below is what logs and CI keep.
         show = self.ddp.is_main and sys.stderr.isatty() and not os.environ.get("CI")
-        for epoch in tqdm(range(self.epoch, self.params.epochs), desc="epochs", disable=not show):
-            self.epoch = epoch
-            self.sampler.set_epoch(epoch, self.step)
-            bar = tqdm(self.train_loader, total=self.steps_per_epoch - self.step,
-                       desc=f"epoch {epoch + 1}", leave=False, disable=not show)
-            for images, targets, valid, _ in bar:
-                self.epoch_skipped += int((~valid).sum())
-                seed = step_seed(self.seed, epoch, self.step)
-                sample_seeds = self.sampler.step_seeds(self.step)[valid.numpy()] if self.device_augment else None
-                loss = self.train_step(images[valid], targets[valid], seed, sample_seeds) if valid.any() else None
-                if loss is None:  # every frame of the batch was undecodable: keep the schedule
-                    self.scheduler.step()
-                else:
-                    self.epoch_losses.append(loss)
-                self.step += 1
-                if self.params.checkpoint_every and self.step % self.params.checkpoint_every == 0:
+        if self.pending is not None:  # resumed between an epoch's end and its validation's
+            record, ema_state = self.pending
+            model = copy.deepcopy(self.ema.module)
+            model.load_state_dict(ema_state)
+            self.pending = None
+            self.keep_record(record, self.validate(model), model, on_best)
+        background = self.background_validation()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="validation") if background else None
+        if background and self.epoch < self.params.epochs:
+            iter(self.val_loader)  # its decode workers forked here, never from the validation thread
+        job = None  # (record, model, future) of the epoch being validated in the background
+        try:
+            for epoch in tqdm(range(self.epoch, self.params.epochs), desc="epochs", disable=not show):
+                self.epoch = epoch
+                self.sampler.set_epoch(epoch, self.step)
+                bar = tqdm(self.train_loader, total=self.steps_per_epoch - self.step,
+                           desc=f"epoch {epoch + 1}", leave=False, disable=not show)
+                for images, targets, valid, _ in bar:
+                    self.epoch_skipped += int((~valid).sum())
+                    seed = step_seed(self.seed, epoch, self.step)
+                    sample_seeds = self.sampler.step_seeds(self.step)[valid.numpy()] if self.device_augment else None
+                    loss = self.train_step(images[valid], targets[valid], seed, sample_seeds) if valid.any() else None
+                    if loss is None:  # every frame of the batch was undecodable: keep the schedule
+                        self.scheduler.step()
+                    else:
+                        self.epoch_losses.append(loss)
+                    self.step += 1
+                    if self.params.checkpoint_every and self.step % self.params.checkpoint_every == 0:
+                        self.save_state()
+                record = self.epoch_record(epoch)
+                if job is not None:  # the previous epoch's validation, long finished
+                    self.keep_record(job[0], job[2].result(), job[1], on_best)
+                    job, self.pending = None, None
+                self.epoch, self.step = epoch + 1, 0
+                self.epoch_losses, self.epoch_skipped = [], 0
+                if background and epoch + 1 < self.params.epochs:
+                    model = copy.deepcopy(self.ema.module)  # the EMA trains on; validate this epoch's
+                    job = (record, model, executor.submit(self.validate, model))
+                    self.pending = (record, model.state_dict())  # in every checkpoint until kept
                     self.save_state()
-            record = self.end_epoch(epoch)
-            self.log(record)
-            improved = self.best is None or record["val_map"] > self.best["val_map"]
-            if self.ddp.is_main:
-                print(epoch_line(record, self.params.epochs, improved), flush=True)
-            if improved:
-                self.best = record
-                if self.ddp.is_main:
-                    with outside_output_set():  # the best epoch's file, read back by the stage at the end
-                        on_best(self.ema.module, record)
-            self.epoch, self.step = epoch + 1, 0
-            self.epoch_losses, self.epoch_skipped = [], 0
-            self.save_state()
+                else:
+                    self.keep_record(record, self.validate(self.ema.module), self.ema.module, on_best)
+                    self.save_state()
+        finally:
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
         return {"history": self.history, "best": self.best}
 
-    def end_epoch(self, epoch: int) -> dict:
-        val = evaluate(self.ema.module, self.loss_fn, self.val_loader, self.device, self.params.bf16, self.ddp)
+    def validate(self, model) -> dict:
+        return evaluate(model, self.loss_fn, self.val_loader, self.device, self.params.bf16, self.ddp)
+
+    def epoch_record(self, epoch: int) -> dict:
+        """What an epoch's end knows before validation: its training loss, learning rates, skips."""
         if self.ddp.world > 1:  # mean training loss over ranks
             gathered = [None] * self.ddp.world
             dist.all_gather_object(gathered, self.epoch_losses)
             losses = [x for part in gathered for x in part]
         else:
             losses = self.epoch_losses
-        record = {
+        return {
             "epoch": epoch + 1,
             "train_loss": float(np.mean(losses)) if losses else float("nan"),
-            "val_loss": float(val["loss"]),
-            "val_map": float(val["map"]) if val["map"] is not None else 0.0,
             "lr_backbone": self.current_lr("backbone"),
             "lr_head": self.current_lr("head"),
             "skipped_frames": int(self.epoch_skipped),
         }
-        self.history.append(record)
-        return record
 
+    def keep_record(self, partial: dict, val: dict, model, on_best: Callable[[object, dict], None]) -> None:
+        """An epoch's record completed by its validation: history, log line, and the best model."""
+        record = {"epoch": partial["epoch"], "train_loss": partial["train_loss"],
+                  "val_loss": float(val["loss"]), "val_map": float(val["map"]) if val["map"] is not None else 0.0,
+                  "lr_backbone": partial["lr_backbone"], "lr_head": partial["lr_head"],
+                  "skipped_frames": partial["skipped_frames"]}
+        self.history.append(record)
+        self.log(record)
+        improved = self.best is None or record["val_map"] > self.best["val_map"]
+        if self.ddp.is_main:
+            print(epoch_line(record, self.params.epochs, improved), flush=True)
+        if improved:
+            self.best = record
+            if self.ddp.is_main:
+                with outside_output_set():  # the best epoch's file, read back by the stage at the end
+                    on_best(model, record)
 
     def current_lr(self, part: str) -> float:
         """Learning rate of the model's `part` ("backbone" or "head") param group now (0: frozen, no group)."""
