@@ -200,6 +200,8 @@ def test_lite0_probe_recipe_validates_and_builds_the_real_backbone_frozen(packag
 
     values = recipe.load_recipe("lite0_probe")
     assert values["train.freeze_backbone"] is True and values["model.diff_attention"] is False
+    # The final epoch, not the best validation epoch: measured on 9 deals (docs/real_pixels.md)
+    assert values["train.keep"] == "last" and values["train.epochs"] == 30
     params = params_with({**values, "model.source": f"timm:local-dir:{packaged_efficientnet}"})
     train = from_dict(TrainParams, params["train"], "train")
     model_params = from_dict(ModelParams, params["model"], "model")

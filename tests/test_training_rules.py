@@ -13,7 +13,7 @@ from vce.core.labels import NUM_LABELS
 from vce.model.device import Distributed
 from vce.model.frame_model import ModelParams, create_model
 from vce.train.losses import LossParams, VCELoss
-from vce.train.trainer import Trainer, TrainParams, evaluate, mixup
+from vce.train.trainer import Trainer, TrainParams, evaluate, kept_epoch, mixup
 
 
 class Frames(Dataset):
@@ -232,3 +232,42 @@ def test_background_validation_only_where_a_core_is_idle(tmp_path, monkeypatch, 
     if "world" in change:
         monkeypatch.setattr(trainer, "ddp", Distributed(rank=0, world=change["world"]))
     assert trainer.background_validation() is expected
+
+
+@pytest.mark.parametrize("keep, history, expected", [
+    ("best", [0.3, 0.5, 0.4], [True, True, False]),   # a higher validation mAP replaces the kept epoch
+    ("best", [0.5, 0.5, 0.2], [True, False, False]),  # a tie keeps the earlier epoch
+    ("last", [0.3, 0.5, 0.4], [False, False, True]),  # the final epoch, whatever validation says
+])
+def test_train_keep_picks_the_epoch_the_stage_keeps(keep, history, expected):
+    params = section_params(TrainParams, "train", epochs=3, keep=keep)
+    best, kept = None, []
+    for epoch, val_map in enumerate(history, 1):
+        record = {"epoch": epoch, "val_map": val_map}
+        kept.append(kept_epoch(record, best, params))
+        best = record if kept[-1] else best
+    assert kept == expected
+
+
+def test_keep_last_saves_the_final_epochs_ema_in_both_trainers(tmp_path, one_thread):
+    """`train.keep: last`: the image trainer saves the last epoch's EMA once, and the probe returns
+    its last epoch's heads (a probe of 3 epochs on random features)."""
+    trainer = make_trainer(tmp_path, epochs=3, keep="last")
+    saves, result = fit_recording(trainer)
+    assert [record["epoch"] for _, record in saves] == [3] and result["best"]["epoch"] == 3
+    for key, tensor in trainer.ema.module.state_dict().items():
+        assert torch.equal(saves[0][0][key], tensor), key
+
+    from vce.train.probe import FeatureSet, fit_probe
+    torch.manual_seed(0)
+    model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64))
+    width = model.classifier.in_features
+    generator = np.random.default_rng(0)
+    features = generator.normal(size=(48, width)).astype(np.float16)
+    targets = (generator.random((48, NUM_LABELS)) < 0.3).astype(np.float32)
+    data = FeatureSet(features, targets, np.ones(48, bool))
+    loss_fn = VCELoss(section_params(LossParams, "loss"), torch.from_numpy(targets).mean(dim=0))
+    params = section_params(TrainParams, "train", epochs=3, keep="last", batch_size=16, samples_per_epoch=48,
+                            mixup_alpha=0.0)
+    out = fit_probe(model, loss_fn, params, 42, data, np.ones(48), data, torch.device("cpu"))
+    assert out["best"]["epoch"] == 3 and [r["epoch"] for r in out["history"]] == [1, 2, 3]

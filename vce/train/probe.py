@@ -21,7 +21,7 @@ from timm.utils import ModelEmaV3
 from vce.core.params import ParamsError
 from vce.data.dataset import EpochSampler
 from vce.eval.frame_metrics import frame_metrics
-from vce.train.trainer import TrainParams, freeze_backbone, mixup, step_seed
+from vce.train.trainer import TrainParams, freeze_backbone, kept_epoch, mixup, step_seed
 
 
 class FeatureSet:
@@ -121,6 +121,6 @@ def _fit_heads(model, loss_fn, params: TrainParams, seed: int, train: FeatureSet
                   "lr_backbone": 0.0, "lr_head": float(lr_head), "skipped_frames": train.skipped}
         history.append(record)
         log(record)
-        if best is None or record["val_map"] > best["val_map"]:
+        if kept_epoch(record, best, params):
             best, best_heads = record, copy.deepcopy(ema.module).cpu()
     return {"history": history, "best": best, "model": best_heads}

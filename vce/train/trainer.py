@@ -49,6 +49,7 @@ class TrainParams(Section):
     allow_high_lr: bool
     ema_decay: float = Field(ge=0, lt=1)
     ema_warmup: bool
+    keep: Literal["best", "last"]
     mixup_alpha: float = Field(ge=0)
     samples_per_epoch: int = Field(ge=0)
     val_batch_size: int = Field(ge=1)
@@ -371,7 +372,7 @@ class Trainer:
                   "skipped_frames": partial["skipped_frames"]}
         self.history.append(record)
         self.log(record)
-        improved = self.best is None or record["val_map"] > self.best["val_map"]
+        improved = kept_epoch(record, self.best, self.params)
         if self.ddp.is_main:
             print(epoch_line(record, self.params.epochs, improved), flush=True)
         if improved:
@@ -383,6 +384,15 @@ class Trainer:
     def current_lr(self, part: str) -> float:
         """Learning rate of the model's `part` ("backbone" or "head") param group now (0: frozen, no group)."""
         return float(next((g["lr"] for g in self.optimizer.param_groups if g.get("name") == part), 0.0))
+
+
+def kept_epoch(record: dict, best: dict | None, params: TrainParams) -> bool:
+    """Whether the epoch of `record` replaces `best` as the model the stage keeps (`train.keep`):
+    `best`, a higher validation mAP than every earlier epoch; `last`, the final epoch only (a run
+    trained to the end of its schedule, where validation is too small or too noisy to pick by)."""
+    if params.keep == "last":
+        return record["epoch"] == params.epochs
+    return best is None or record["val_map"] > best["val_map"]
 
 
 def epoch_line(record: dict, epochs: int, best: bool) -> str:
