@@ -249,16 +249,20 @@ def test_train_keep_picks_the_epoch_the_stage_keeps(keep, history, expected):
     assert kept == expected
 
 
-def test_keep_last_saves_the_final_epochs_ema_in_both_trainers(tmp_path, one_thread):
+def test_keep_last_saves_the_final_epochs_ema_in_both_trainers(tmp_path, one_thread, monkeypatch):
     """`train.keep: last`: the image trainer saves the last epoch's EMA once, and the probe returns
-    its last epoch's heads (a probe of 3 epochs on random features)."""
+    its last epoch's heads (a probe of 3 epochs on random features, its validation mAP made to fall
+    epoch by epoch, so the best-epoch rule would keep epoch 1)."""
     trainer = make_trainer(tmp_path, epochs=3, keep="last")
     saves, result = fit_recording(trainer)
     assert [record["epoch"] for _, record in saves] == [3] and result["best"]["epoch"] == 3
     for key, tensor in trainer.ema.module.state_dict().items():
         assert torch.equal(saves[0][0][key], tensor), key
 
+    import vce.train.probe
     from vce.train.probe import FeatureSet, fit_probe
+    falling = iter([0.9, 0.5, 0.1])
+    monkeypatch.setattr(vce.train.probe, "evaluate_features", lambda *args: {"loss": 0.0, "map": next(falling)})
     torch.manual_seed(0)
     model = create_model(section_params(ModelParams, "model"), torch.randn(NUM_LABELS, 64))
     width = model.classifier.in_features
@@ -270,4 +274,5 @@ def test_keep_last_saves_the_final_epochs_ema_in_both_trainers(tmp_path, one_thr
     params = section_params(TrainParams, "train", epochs=3, keep="last", batch_size=16, samples_per_epoch=48,
                             mixup_alpha=0.0)
     out = fit_probe(model, loss_fn, params, 42, data, np.ones(48), data, torch.device("cpu"))
-    assert out["best"]["epoch"] == 3 and [r["epoch"] for r in out["history"]] == [1, 2, 3]
+    assert [r["val_map"] for r in out["history"]] == [0.9, 0.5, 0.1]
+    assert out["best"]["epoch"] == 3 and out["best"]["val_map"] == 0.1
